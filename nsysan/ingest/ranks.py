@@ -1,0 +1,141 @@
+"""Which distributed rank each process of a job is, and how we know.
+
+A job reaches us as one export per rank or one export holding several processes. In order of
+trust, a process's rank comes from:
+
+``nvtx``
+    an NVTX mark or thread name such as ``nsysan rank=3 local_rank=1 world_size=8`` (what
+    ``nsysan capture`` injects) or ``MPI Rank 3`` (what MPI profiling layers write);
+``env``
+    ``RANK`` / ``OMPI_COMM_WORLD_RANK`` / ``PMI_RANK`` / ``SLURM_PROCID`` in the environment nsys
+    recorded for the launched process, when the export holds a single active process;
+``process order``
+    a guess: the remaining active processes numbered in input order, then by pid.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from nsysan.ingest.export import NsysExport
+from nsysan.ingest.frames import decode_pid
+from nsysan.ingest.tables import find_table
+
+RANK_COLUMNS = ("export", "pid", "process", "rank", "local_rank", "world_size", "rank_source")
+
+_RANK = re.compile(r"(?i)(?<![A-Za-z0-9_])(?:mpi\s+)?rank\s*[=:]?\s*(\d+)")
+_LOCAL_RANK = re.compile(r"(?i)local_rank\s*[=:]\s*(\d+)")
+_WORLD = re.compile(r"(?i)world_size\s*[=:]\s*(\d+)")
+_ENV_RANK = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+_ENV_LOCAL = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+_ENV_WORLD = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+
+# Tables whose rows make a process part of the job (the PROCESSES table lists every process
+# on the machine, kernel threads included).
+_ACTIVE = {
+    "kernels": "globalPid", "memcpy": "globalPid", "memset": "globalPid",
+    "runtime": "globalTid", "driver": "globalTid", "nvtx": "globalTid",
+}  # fmt: skip
+
+
+def active_pids(x: NsysExport) -> np.ndarray:
+    """Pids that launched CUDA work or wrote NVTX, sorted."""
+    pids: set[int] = set()
+    for role, column in _ACTIVE.items():
+        table = find_table(x, role)
+        if table is None:
+            continue
+        where = ""
+        if role == "nvtx":  # domain bookkeeping alone does not make a process interesting
+            skip = _nvtx_type_ids(x, "NvtxDomainCreate", "NvtxDomainDestroy") or [75, 76]
+            where = f" WHERE eventType NOT IN ({', '.join(map(str, skip))})"
+        df = x.query(f"SELECT DISTINCT {column} AS g FROM {table}{where}")
+        pids.update(int(p) for p in decode_pid(df["g"]))
+    pids.discard(0)
+    return np.array(sorted(pids), dtype=np.int64)
+
+
+def _nvtx_type_ids(x: NsysExport, *names: str) -> list[int]:
+    enum = x.enum("ENUM_NSYS_EVENT_TYPE")
+    return [int(i) for i, n in zip(enum["id"], enum["name"]) if n in names]
+
+
+def _nvtx_hints(x: NsysExport) -> pd.DataFrame:
+    """(pid, text) of NVTX marks and thread names: where ranks are announced."""
+    table = find_table(x, "nvtx")
+    if table is None:
+        return pd.DataFrame({"pid": [], "text": []})
+    ids = _nvtx_type_ids(x, "NvtxMark", "NvtxThread") or [34, 39]
+    cols = x.columns(table)
+    text = "COALESCE(n.text, s.value)" if "textId" in cols else "n.text"
+    join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
+    df = x.query(
+        f"SELECT n.globalTid AS g, {text} AS text FROM {table} n {join} "
+        f"WHERE n.eventType IN ({', '.join(map(str, ids))}) ORDER BY n.start"
+    )
+    df["pid"] = decode_pid(df["g"])
+    return df[["pid", "text"]].dropna()
+
+
+def _first_int(pattern: re.Pattern[str], texts: pd.Series) -> pd.Series:
+    return pd.to_numeric(texts.str.extract(pattern, expand=False), errors="coerce")
+
+
+def _env_int(env: dict[str, str], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = env.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
+    """One row per active process of every export: its rank and where that came from."""
+    rows = []
+    for index, x in enumerate(exports):
+        pids = active_pids(x)
+        if not len(pids):
+            continue
+        names = {}
+        table = find_table(x, "processes")
+        if table:
+            procs = x.query(f"SELECT pid, name FROM {table}")
+            names = dict(zip(procs["pid"].astype("int64"), procs["name"].astype(str)))
+        hints = _nvtx_hints(x)
+        texts = hints["text"].astype(str)
+        hints = hints.assign(
+            rank=_first_int(_RANK, texts),
+            local_rank=_first_int(_LOCAL_RANK, texts),
+            world_size=_first_int(_WORLD, texts),
+        )
+        hints = hints.dropna(subset=["rank"]).drop_duplicates("pid", keep="first").set_index("pid")
+        env = x.capture_env()
+        for pid in pids:
+            row = {"export": index, "pid": int(pid), "process": names.get(int(pid), ""),
+                   "rank": None, "local_rank": None, "world_size": None, "rank_source": None}  # fmt: skip
+            if pid in hints.index:
+                hint = hints.loc[pid]
+                row.update(rank=hint["rank"], local_rank=hint["local_rank"],
+                           world_size=hint["world_size"], rank_source="nvtx")  # fmt: skip
+            elif len(pids) == 1 and _env_int(env, _ENV_RANK) is not None:
+                row.update(rank=_env_int(env, _ENV_RANK), local_rank=_env_int(env, _ENV_LOCAL),
+                           world_size=_env_int(env, _ENV_WORLD), rank_source="env")  # fmt: skip
+            rows.append(row)
+    df = pd.DataFrame(rows, columns=list(RANK_COLUMNS))
+    if df.empty:
+        return df.astype({"export": "int64", "pid": "int64"})
+    # Guess the rest: number them in input order, skipping ranks that are taken.
+    taken = set(pd.to_numeric(df["rank"], errors="coerce").dropna().astype(int))
+    free = (r for r in range(len(df) + len(taken)) if r not in taken)
+    missing = df["rank"].isna()
+    if missing.any():
+        df["rank"] = df["rank"].astype(object)
+        df.loc[missing, "rank_source"] = "process order"
+        df.loc[missing, "rank"] = [next(free) for _ in range(int(missing.sum()))]
+    for column in ("rank", "local_rank", "world_size"):
+        df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
+    return df.astype({"export": "int64", "pid": "int64"})
+

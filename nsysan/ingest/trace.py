@@ -1,0 +1,236 @@
+"""The Trace: one distributed job, read from one or more nsys exports, as tidy frames.
+
+Frames are read on first use and cached, so a detector that needs only kernels never pays for
+NVTX. Every frame has an ``export`` column (index into :attr:`Trace.exports`); frames with a
+process also carry ``rank``. Times stay in each export's own clock (``start_ns``/``end_ns``);
+:meth:`Trace.job_clock` gives the offset that puts several exports on one clock.
+
+=================  ===================================================================
+frame              columns (besides ``export`` and ``rank``)
+=================  ===================================================================
+kernels            pid device context stream correlation_id start_ns end_ns name short_name
+                   grid_x..z block_x..z graph_node_id graph_id nccl_kind nccl_op
+                   nccl_reduction nccl_dtype nccl_algo nccl_proto
+memcpy             pid device context stream correlation_id start_ns end_ns bytes copy_kind
+                   src_kind dst_kind src_device dst_device graph_node_id
+memset             pid device context stream correlation_id start_ns end_ns bytes value
+cuda_api           pid tid correlation_id start_ns end_ns name return_value api
+nvtx               pid tid start_ns end_ns event_type domain text category payload_int
+                   payload_float json
+overhead           pid tid start_ns end_ns name overhead_type correlation_id source
+sync               pid device context stream correlation_id start_ns end_ns sync_type
+                   event_id event_sync_id
+cuda_events        pid device context stream correlation_id event_id event_sync_id timestamp_ns
+graph_nodes        pid tid start_ns end_ns name graph_node_id original_graph_node_id
+graph_launches     pid device stream correlation_id start_ns end_ns graph_id graph_exec_id
+processes          global_pid pid name
+threads            pid tid name
+devices            device name bus_location sm_count total_memory uuid compute_major/minor
+ranks              pid process rank local_rank world_size rank_source
+=================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from nsysan.errors import InputError
+from nsysan.ingest import frames
+from nsysan.ingest.export import NsysExport
+from nsysan.ingest.nccl import classify_kernels
+from nsysan.ingest.ranks import identify_ranks
+from nsysan.ingest.tables import CUDA_ROLES, find_table
+
+EXPORT_SUFFIXES = (".sqlite", ".db", ".sqlite3")
+
+
+def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Files as given, directories as the exports inside them, globs expanded; order kept."""
+    paths: list[Path] = []
+    for item in inputs:
+        text = str(item)
+        path = Path(text)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.suffix.lower() in EXPORT_SUFFIXES)
+            if not found:
+                raise InputError(f"{path}: directory holds no .sqlite exports")
+            paths.extend(found)
+        elif not path.exists() and glob.has_magic(text):
+            matched = sorted(Path(p) for p in glob.glob(text))
+            if not matched:
+                raise InputError(f"{text}: pattern matches no files")
+            paths.extend(matched)
+        else:
+            paths.append(path)
+    seen: set[Path] = set()
+    unique = []
+    for p in paths:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    if not unique:
+        raise InputError("no trace given")
+    return unique
+
+
+@dataclass(frozen=True)
+class ExportInfo:
+    index: int
+    path: Path
+    nsys_version: str
+    schema_version: str
+    session_start_utc_ns: int | None
+    has_cuda_tables: bool
+
+
+class Trace:
+    """One job made of one or more exports. Use :func:`load_trace` to build it."""
+
+    def __init__(self, exports: list[NsysExport]) -> None:
+        self._exports = exports
+        self.exports = [
+            ExportInfo(
+                index=i,
+                path=x.path,
+                nsys_version=x.meta.nsys_version,
+                schema_version=x.meta.schema_version,
+                session_start_utc_ns=x.meta.session_start_utc_ns,
+                has_cuda_tables=any(find_table(x, role) for role in CUDA_ROLES),
+            )
+            for i, x in enumerate(exports)
+        ]
+
+    def close(self) -> None:
+        for x in self._exports:
+            x.close()
+
+    def __enter__(self) -> Trace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _gather(self, reader: Callable[[NsysExport], pd.DataFrame], with_rank: bool = True) -> pd.DataFrame:
+        parts = []
+        for i, x in enumerate(self._exports):
+            df = reader(x)
+            df.insert(0, "export", i)
+            parts.append(df)
+        df = frames.concat_frames(parts)
+        df["export"] = df["export"].astype("int64")
+        if with_rank and "pid" in df.columns:
+            ranks = self.ranks[["export", "pid", "rank"]]
+            df = df.merge(ranks, on=["export", "pid"], how="left")
+            df["rank"] = df["rank"].astype("Int64")
+        return df
+
+    @functools.cached_property
+    def ranks(self) -> pd.DataFrame:
+        return identify_ranks(self._exports)
+
+    @functools.cached_property
+    def kernels(self) -> pd.DataFrame:
+        df = self._gather(frames.read_kernels)
+        nccl = classify_kernels(df["short_name"] if len(df) else pd.Series([], dtype="category"))
+        return pd.concat([df, nccl.set_index(df.index)], axis=1)
+
+    @functools.cached_property
+    def memcpy(self) -> pd.DataFrame:
+        return self._gather(frames.read_memcpy)
+
+    @functools.cached_property
+    def memset(self) -> pd.DataFrame:
+        return self._gather(frames.read_memset)
+
+    @functools.cached_property
+    def cuda_api(self) -> pd.DataFrame:
+        return self._gather(frames.read_cuda_api)
+
+    @functools.cached_property
+    def nvtx(self) -> pd.DataFrame:
+        return self._gather(frames.read_nvtx)
+
+    @functools.cached_property
+    def overhead(self) -> pd.DataFrame:
+        return self._gather(frames.read_overhead)
+
+    @functools.cached_property
+    def sync(self) -> pd.DataFrame:
+        return self._gather(frames.read_sync)
+
+    @functools.cached_property
+    def cuda_events(self) -> pd.DataFrame:
+        return self._gather(frames.read_cuda_events)
+
+    @functools.cached_property
+    def graph_nodes(self) -> pd.DataFrame:
+        return self._gather(frames.read_graph_nodes)
+
+    @functools.cached_property
+    def graph_launches(self) -> pd.DataFrame:
+        return self._gather(frames.read_graph_launches)
+
+    @functools.cached_property
+    def processes(self) -> pd.DataFrame:
+        return self._gather(frames.read_processes, with_rank=False)
+
+    @functools.cached_property
+    def threads(self) -> pd.DataFrame:
+        return self._gather(frames.read_threads)
+
+    @functools.cached_property
+    def devices(self) -> pd.DataFrame:
+        return self._gather(frames.read_gpus, with_rank=False)
+
+    def count(self, role: str) -> int:
+        """Rows of a table role across exports, counted in SQL without loading the frame."""
+        total = 0
+        for x in self._exports:
+            table = find_table(x, role)
+            total += x.count(table) if table else 0
+        return total
+
+    def job_clock(self) -> pd.Series:
+        """Per export, the ns to add to its timestamps to put it on the earliest export's clock.
+
+        nsys timestamps count from each session's start; the session's UTC start time aligns
+        exports captured separately (one per rank). Exports without one get offset 0.
+        """
+        starts = pd.Series([e.session_start_utc_ns for e in self.exports], dtype="Int64")
+        if starts.isna().all():
+            return pd.Series(0, index=starts.index, dtype="int64")
+        return (starts - starts.min()).fillna(0).astype("int64")
+
+
+def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
+    """Open every export named by ``inputs`` (files, directories, globs) as one Trace.
+
+    Raises an :class:`~nsysan.errors.InputError` naming the file for anything unusable,
+    including an export with neither CUDA tables nor NVTX events (nothing to analyse).
+    """
+    exports: list[NsysExport] = []
+    try:
+        for path in expand_inputs(inputs):
+            x = NsysExport(path)
+            exports.append(x)
+            has_cuda = any(find_table(x, role) for role in CUDA_ROLES)
+            nvtx_table = find_table(x, "nvtx")
+            if not has_cuda and not (nvtx_table and x.count(nvtx_table)):
+                raise InputError(
+                    f"{path}: nsys export has no CUDA tables and no NVTX events, nothing to analyse "
+                    f"(nsys {x.meta.nsys_version or 'version unknown'}); capture with "
+                    "`nsys profile --trace=cuda,nvtx,osrt` or `nsysan capture`"
+                )
+    except BaseException:
+        for x in exports:
+            x.close()
+        raise
+    return Trace(exports)
