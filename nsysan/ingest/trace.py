@@ -192,11 +192,12 @@ class Trace:
 
     def count(self, role: str) -> int:
         """Rows of a table role across exports, counted in SQL without loading the frame."""
-        total = 0
-        for x in self._exports:
-            table = find_table(x, role)
-            total += x.count(table) if table else 0
-        return total
+        return sum(self.count_in_export(i, role) for i in range(len(self._exports)))
+
+    def count_in_export(self, index: int, role: str) -> int:
+        x = self._exports[index]
+        table = find_table(x, role)
+        return x.count(table) if table else 0
 
     def job_clock(self) -> pd.Series:
         """Per export, the ns to add to its timestamps to put it on the earliest export's clock.

@@ -1,0 +1,238 @@
+"""The figures of ``nsysan report`` that are not findings: what ran where, and what the capture
+cannot show. Pure functions of a Trace; everything vectorised over frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from nsysan.ingest.frames import NVTX_RANGE_TYPES
+from nsysan.ingest.trace import Trace
+
+TOP_N = 15
+PEER_TO_PEER = "Peer-to-Peer"
+
+
+@dataclass
+class Overview:
+    exports: pd.DataFrame
+    devices: pd.DataFrame
+    top_kernels: pd.DataFrame
+    nccl: pd.DataFrame
+    copies: pd.DataFrame
+    nvtx_ranges: pd.DataFrame
+    ranks: pd.DataFrame
+    limitations: list[str] = field(default_factory=list)
+
+
+def union_ns(intervals: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Length of the union of [start_ns, end_ns) intervals per group: time something was running."""
+    if intervals.empty:
+        return pd.Series(dtype="int64")
+    d = intervals[[*keys, "start_ns", "end_ns"]].sort_values([*keys, "start_ns"], kind="stable")
+    group = [d[k] for k in keys]
+    reach = d.groupby(group, sort=False)["end_ns"].cummax()
+    previous = reach.groupby(group, sort=False).shift()
+    segment = (previous.isna() | (d["start_ns"] > previous)).cumsum()
+    segs = d.assign(segment=segment).groupby("segment").agg(
+        **{k: (k, "first") for k in keys}, start_ns=("start_ns", "min"), end_ns=("end_ns", "max")
+    )
+    return (segs["end_ns"] - segs["start_ns"]).groupby([segs[k] for k in keys]).sum()
+
+
+def _gpu_activity(trace: Trace) -> pd.DataFrame:
+    cols = ["export", "rank", "device", "start_ns", "end_ns"]
+    parts = [f[cols] for f in (trace.kernels, trace.memcpy, trace.memset) if len(f)]
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
+    return pd.concat(parts, ignore_index=True).dropna(subset=["device"])
+
+
+def device_table(trace: Trace) -> pd.DataFrame:
+    """Per export and device: kernels, busy time (union of kernels and copies) and busy share."""
+    activity = _gpu_activity(trace)
+    columns = ["export", "device", "ranks", "kernels", "kernel_ns", "busy_ns", "span_ns", "busy_pct"]
+    if activity.empty:
+        return pd.DataFrame(columns=columns)
+    keys = ["export", "device"]
+    activity["device"] = activity["device"].astype("int64")
+    span = activity.groupby(keys).agg(first=("start_ns", "min"), last=("end_ns", "max"))
+    span_ns = span["last"] - span["first"]
+    busy = union_ns(activity, keys).reindex(span.index, fill_value=0)
+    k = trace.kernels.dropna(subset=["device"]).astype({"device": "int64"})
+    per_kernel = k.assign(d=k["end_ns"] - k["start_ns"]).groupby(keys).agg(
+        kernels=("d", "size"), kernel_ns=("d", "sum")
+    )
+    ranks = activity.dropna(subset=["rank"]).groupby(keys)["rank"].agg(
+        lambda r: ",".join(str(int(v)) for v in sorted(set(r)))
+    )
+    out = pd.DataFrame({"busy_ns": busy, "span_ns": span_ns}).join(per_kernel).join(ranks.rename("ranks"))
+    out[["kernels", "kernel_ns"]] = out[["kernels", "kernel_ns"]].fillna(0).astype("int64")
+    out["ranks"] = out["ranks"].fillna("")
+    out["busy_pct"] = np.where(out["span_ns"] > 0, 100.0 * out["busy_ns"] / out["span_ns"].clip(lower=1), 0.0)
+    return out.reset_index()[columns]
+
+
+def top_kernels(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
+    k = trace.kernels
+    columns = ["kernel", "nccl", "count", "total_ns", "mean_ns", "pct"]
+    if k.empty:
+        return pd.DataFrame(columns=columns)
+    d = k.assign(dur=k["end_ns"] - k["start_ns"], nccl=k["nccl_kind"].notna())
+    g = d.groupby("short_name", observed=True).agg(
+        nccl=("nccl", "first"), count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean")
+    )
+    g["pct"] = 100.0 * g["total_ns"] / max(int(d["dur"].sum()), 1)
+    g = g.sort_values("total_ns", ascending=False).head(n)
+    return g.reset_index().rename(columns={"short_name": "kernel"})[columns]
+
+
+def nccl_table(trace: Trace) -> pd.DataFrame:
+    """NCCL kernel time by kind, operation, and message size where the NCCL NVTX ranges give it."""
+    k = trace.kernels
+    columns = ["kind", "op", "bytes", "count", "total_ns", "mean_ns"]
+    nccl = k[k["nccl_kind"].notna()] if len(k) else k
+    if nccl.empty:
+        return pd.DataFrame(columns=columns)
+    sized = attach_nccl_bytes(nccl, trace)
+    d = sized.assign(dur=sized["end_ns"] - sized["start_ns"])
+    d["bytes"] = d["nccl_bytes"].astype("Int64").astype(object).where(d["nccl_bytes"].notna(), "unknown")
+    g = d.groupby(["nccl_kind", "nccl_op", "bytes"], observed=True).agg(
+        count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean")
+    )
+    g = g.reset_index().rename(columns={"nccl_kind": "kind", "nccl_op": "op"})
+    return g.sort_values("total_ns", ascending=False)[columns].reset_index(drop=True)
+
+
+def attach_nccl_bytes(nccl_kernels: pd.DataFrame, trace: Trace) -> pd.DataFrame:
+    """Add ``nccl_api`` and ``nccl_bytes``: the NCCL-domain NVTX range around each kernel's launch.
+
+    The kernel's correlation id leads to its launch call; the NCCL API range (``ncclAllReduce``...)
+    open on that thread at that moment names the call, and its integer payload is the message
+    size. Kernels without such a range keep NA.
+    """
+    out = nccl_kernels.copy()
+    out["nccl_api"], out["nccl_bytes"] = pd.NA, pd.NA
+    nvtx = trace.nvtx
+    ranges = nvtx[(nvtx["domain"] == "NCCL") & nvtx["event_type"].isin(NVTX_RANGE_TYPES)] if len(nvtx) else nvtx
+    api = trace.cuda_api
+    if ranges.empty or api.empty:
+        return out
+    calls = out[["export", "pid", "correlation_id"]].reset_index().merge(
+        api[["export", "pid", "tid", "correlation_id", "start_ns"]].rename(columns={"start_ns": "call_ns"}),
+        on=["export", "pid", "correlation_id"],
+    )
+    if calls.empty:
+        return out
+    calls = calls.astype({"tid": "int64", "call_ns": "int64"}).sort_values("call_ns")
+    r = ranges[["export", "pid", "tid", "start_ns", "end_ns", "text", "payload_int"]].dropna(subset=["end_ns"])
+    r = r.astype({"tid": "int64", "start_ns": "int64", "end_ns": "int64"}).sort_values("start_ns")
+    hit = pd.merge_asof(
+        calls, r, left_on="call_ns", right_on="start_ns", by=["export", "pid", "tid"], direction="backward"
+    )
+    hit = hit[hit["end_ns"].notna() & (hit["end_ns"] >= hit["call_ns"])].set_index("index")
+    out.loc[hit.index, "nccl_api"] = hit["text"].astype(object)
+    out.loc[hit.index, "nccl_bytes"] = hit["payload_int"]
+    return out
+
+
+def copy_table(trace: Trace) -> pd.DataFrame:
+    m = trace.memcpy
+    columns = ["copy_kind", "count", "bytes", "total_ns"]
+    if m.empty:
+        return pd.DataFrame(columns=columns)
+    d = m.assign(dur=m["end_ns"] - m["start_ns"])
+    g = d.groupby("copy_kind", observed=True).agg(count=("dur", "size"), bytes=("bytes", "sum"), total_ns=("dur", "sum"))
+    return g.reset_index().sort_values("total_ns", ascending=False)[columns].reset_index(drop=True)
+
+
+def nvtx_range_table(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
+    v = trace.nvtx
+    columns = ["domain", "range", "count", "total_ns", "mean_ns"]
+    ranges = v[v["event_type"].isin(NVTX_RANGE_TYPES) & v["end_ns"].notna()] if len(v) else v
+    if ranges.empty:
+        return pd.DataFrame(columns=columns)
+    d = ranges.assign(dur=(ranges["end_ns"] - ranges["start_ns"]).astype("int64"), range=ranges["text"].astype(object).fillna(""))
+    g = d.groupby(["domain", "range"], observed=True).agg(count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"))
+    return g.reset_index().sort_values("total_ns", ascending=False).head(n)[columns].reset_index(drop=True)
+
+
+def export_table(trace: Trace) -> pd.DataFrame:
+    """Per export: the counts a user can check against ``nsys stats`` or SQL."""
+    rows = []
+    k, m, v = trace.kernels, trace.memcpy, trace.nvtx
+    for e in trace.exports:
+        ke = k[k["export"] == e.index]
+        me = m[m["export"] == e.index]
+        ve = v[v["export"] == e.index]
+        devices = sorted(set(ke["device"].dropna().astype(int)) | set(me["device"].dropna().astype(int)))
+        rows.append({
+            "export": e.index,
+            "path": str(e.path),
+            "nsys_version": e.nsys_version,
+            "schema_version": e.schema_version,
+            "ranks": sorted(int(r) for r in trace.ranks.loc[trace.ranks["export"] == e.index, "rank"]),
+            "devices": devices,
+            "kernels": len(ke),
+            "nccl_kernels": int(ke["nccl_kind"].notna().sum()),
+            "memcpy": len(me),
+            "peer_copies": int((me["copy_kind"] == PEER_TO_PEER).sum()),
+            "nvtx_ranges": int(ve["event_type"].isin(NVTX_RANGE_TYPES).sum()),
+            "nvtx_marks": int((ve["event_type"] == "mark").sum()),
+            "cuda_api_calls": trace.count_in_export(e.index, "runtime") + trace.count_in_export(e.index, "driver"),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def limitations(trace: Trace) -> list[str]:
+    """What this capture cannot show, each with the capture option that would show it."""
+    notes = []
+    exports = trace.exports
+    no_cuda = [e for e in exports if not e.has_cuda_tables]
+    if no_cuda:
+        which = "this capture" if len(no_cuda) == len(exports) else f"{len(no_cuda)} of {len(exports)} exports"
+        notes.append(
+            f"No CUDA data in {which}: GPU figures and GPU detectors are unavailable "
+            "(capture with `--trace=cuda,nvtx,osrt` on a machine with a GPU)."
+        )
+    elif trace.kernels.empty:
+        notes.append("No kernel records (the export has no kernel table): kernel figures are unavailable.")
+    launches = trace.graph_launches
+    if len(launches) and trace.kernels["graph_node_id"].isna().all():
+        notes.append(
+            f"Taken with `--cuda-graph-trace=graph`: {len(launches)} graph launches are recorded whole and "
+            "the kernels inside them are invisible; re-capture with `--cuda-graph-trace=node`."
+        )
+    if trace.count("nvtx") == 0:
+        notes.append("No NVTX events: NCCL API ranges and user annotations are unavailable (capture with `--trace=nvtx`).")
+    k = trace.kernels
+    if len(k) and k["nccl_kind"].notna().any() and not (trace.nvtx["domain"] == "NCCL").any():
+        notes.append(
+            "NCCL kernels without NCCL NVTX ranges: message sizes are unknown "
+            "(unset `NCCL_NVTX_DISABLE` and capture with `--trace=nvtx`)."
+        )
+    guessed = trace.ranks[trace.ranks["rank_source"] == "process order"]
+    if len(guessed) and len(trace.ranks) > 1:
+        notes.append(
+            f"Ranks of {len(guessed)} of {len(trace.ranks)} processes were guessed from process order; "
+            "`nsysan capture` records them."
+        )
+    if len(exports) > 1 and any(e.session_start_utc_ns is None for e in exports):
+        notes.append("Some exports lack a session start time: their clocks cannot be aligned across ranks.")
+    return notes
+
+
+def build_overview(trace: Trace) -> Overview:
+    return Overview(
+        exports=export_table(trace),
+        devices=device_table(trace),
+        top_kernels=top_kernels(trace),
+        nccl=nccl_table(trace),
+        copies=copy_table(trace),
+        nvtx_ranges=nvtx_range_table(trace),
+        ranks=trace.ranks,
+        limitations=limitations(trace),
+    )

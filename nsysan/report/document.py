@@ -1,0 +1,62 @@
+"""The report document: the findings contract of DESIGN.md plus the overview figures.
+
+Renderers only format this dict, so a saved JSON report re-renders without the trace.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from nsysan import __version__
+from nsysan.findings import Finding, Severity
+from nsysan.overview import Overview
+
+
+def _plain(value: Any) -> Any:
+    """numpy/pandas scalars and containers to JSON-ready Python values."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in value]
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [_plain(row) for row in df.astype(object).to_dict("records")]
+
+
+def build_document(overview: Overview, findings: list[Finding]) -> dict[str, Any]:
+    exports = overview.exports
+    traces = [
+        {"path": row["path"], "schema_version": row["schema_version"],
+         "ranks": row["ranks"], "devices": row["devices"]}
+        for row in records(exports)
+    ]  # fmt: skip
+    by_severity = {s.value: sum(f.severity is s for f in findings) for s in Severity}
+    summary = {
+        "findings_by_severity": by_severity,
+        "exports": records(exports),
+        "ranks": records(overview.ranks),
+        "devices": records(overview.devices),
+        "top_kernels": records(overview.top_kernels),
+        "nccl": records(overview.nccl),
+        "copies": records(overview.copies),
+        "nvtx_ranges": records(overview.nvtx_ranges),
+        "limitations": list(overview.limitations),
+    }
+    return {
+        "nsysan_version": __version__,
+        "traces": traces,
+        "findings": [_plain(f.to_dict()) for f in findings],
+        "summary": summary,
+    }

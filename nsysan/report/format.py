@@ -1,0 +1,42 @@
+"""Small value formatters shared by the renderers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def duration(ns: Any) -> str:
+    """ns as the unit a person reads at a glance (1.23 ms)."""
+    if ns is None:
+        return "-"
+    ns = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(ns) >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def size(n: Any) -> str:
+    if n is None or n == "unknown":
+        return "unknown"
+    n = float(n)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def percent(p: Any) -> str:
+    return "-" if p is None else f"{float(p):.1f}%"
+
+
+def ranks(values: Any) -> str:
+    return ",".join(str(v) for v in values) if values else "-"
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ranks(value)
+    return str(value)

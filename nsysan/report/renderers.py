@@ -1,0 +1,119 @@
+"""Renderers: the report document to terminal, JSON, Markdown or HTML text. Formatting only."""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from nsysan.report.sections import finding_lines, tables
+
+FORMATS = ("terminal", "json", "markdown", "html")
+
+
+def _headline(doc: dict[str, Any]) -> str:
+    counts = doc["summary"]["findings_by_severity"]
+    n = len(doc["findings"])
+    parts = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    return f"{n} finding{'s' if n != 1 else ''}" + (f" ({parts})" if parts else "")
+
+
+def render_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    out = ["# nsysan report", "", f"nsysan {doc['nsysan_version']} · {_headline(doc)}", ""]
+    out += ["## Findings", ""]
+    if not doc["findings"]:
+        out += ["No findings.", ""]
+    for f in doc["findings"]:
+        out += [f"### [{f['severity']}] {f['title']}", ""]
+        out += [f"- **{label}**: {text}" for label, text in finding_lines(f)] + [""]
+    for t in tables(doc):
+        out += [f"## {t.title}", ""]
+        if not t.rows:
+            out += [f"_{t.empty}_", ""]
+            continue
+        esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+        out.append("| " + " | ".join(t.headers) + " |")
+        out.append("|" + "---|" * len(t.headers))
+        out += ["| " + " | ".join(esc(v) for v in row) + " |" for row in t.rows]
+        out.append("")
+    out += ["## What this capture cannot show", ""]
+    out += [f"- {note}" for note in doc["summary"]["limitations"]] or ["Nothing noted."]
+    return "\n".join(out) + "\n"
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2rem;color:#222}"
+    "table{border-collapse:collapse;margin:.5rem 0 1.5rem}"
+    "td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:left;font-size:.9rem}"
+    "th{background:#f3f3f3}.critical{color:#b00020}.warning{color:#a15c00}.info{color:#0b5394}"
+)
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    e = html.escape
+    out = [
+        "<!doctype html>", "<html><head><meta charset='utf-8'><title>nsysan report</title>",
+        f"<style>{_CSS}</style></head><body>", "<h1>nsysan report</h1>",
+        f"<p>nsysan {e(doc['nsysan_version'])} · {e(_headline(doc))}</p>", "<h2>Findings</h2>",
+    ]  # fmt: skip
+    if not doc["findings"]:
+        out.append("<p>No findings.</p>")
+    for f in doc["findings"]:
+        out.append(f"<h3 class='{e(f['severity'])}'>[{e(f['severity'])}] {e(f['title'])}</h3><ul>")
+        out += [f"<li><b>{e(label)}</b>: {e(text)}</li>" for label, text in finding_lines(f)]
+        out.append("</ul>")
+    for t in tables(doc):
+        out.append(f"<h2>{e(t.title)}</h2>")
+        if not t.rows:
+            out.append(f"<p><i>{e(t.empty)}</i></p>")
+            continue
+        out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in t.headers) + "</tr>")
+        out += ["<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in t.rows]
+        out.append("</table>")
+    out.append("<h2>What this capture cannot show</h2><ul>")
+    out += [f"<li>{e(n)}</li>" for n in doc["summary"]["limitations"]] or ["<li>Nothing noted.</li>"]
+    out.append("</ul></body></html>")
+    return "\n".join(out) + "\n"
+
+
+def render_terminal(doc: dict[str, Any], width: int | None = None, color: bool | None = None) -> str:
+    buf = io.StringIO()
+    console = Console(file=buf, width=width or 120, force_terminal=color, no_color=color is False, highlight=False)
+    console.rule(f"nsysan report · {_headline(doc)}")
+    styles = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+    for f in doc["findings"]:
+        console.print(f"[{styles[f['severity']]}][{f['severity']}][/] [bold]{f['title']}[/]", markup=True)
+        for label, text in finding_lines(f):
+            console.print(f"  {label}: {text}", markup=False)
+    for t in tables(doc):
+        if not t.rows:
+            console.print(f"[bold]{t.title}[/]: {t.empty}")
+            continue
+        table = RichTable(title=t.title, title_justify="left", title_style="bold")
+        for h in t.headers:
+            table.add_column(h, overflow="fold")
+        for row in t.rows:
+            table.add_row(*row)
+        console.print(table)
+    notes = doc["summary"]["limitations"]
+    console.print("[bold]What this capture cannot show[/]" + ("" if notes else ": nothing noted"))
+    for note in notes:
+        console.print(f"  - {note}", markup=False)
+    return buf.getvalue()
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "terminal": render_terminal,
+    "json": render_json,
+    "markdown": render_markdown,
+    "html": render_html,
+}

@@ -1,0 +1,78 @@
+"""The report as titled tables of display strings, so every text format shows the same figures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+from nsysan.report import format as fmt
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    headers: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+    empty: str = "none"
+
+
+Column = tuple[str, str, Callable[[Any], str]]
+
+
+def _table(title: str, items: list[dict[str, Any]], columns: list[Column], empty: str = "none") -> Table:
+    rows = [tuple(render(item.get(key)) for _, key, render in columns) for item in items]
+    return Table(title, tuple(h for h, _, _ in columns), rows, empty)
+
+
+def tables(doc: dict[str, Any]) -> list[Table]:
+    s = doc["summary"]
+    c = fmt.cell
+    return [
+        _table("Exports", s["exports"], [
+            ("file", "path", lambda v: PurePath(v).name), ("nsys", "nsys_version", c), ("schema", "schema_version", c),
+            ("ranks", "ranks", fmt.ranks), ("devices", "devices", fmt.ranks), ("kernels", "kernels", c),
+            ("NCCL kernels", "nccl_kernels", c), ("memcpy", "memcpy", c), ("peer copies", "peer_copies", c),
+            ("NVTX ranges", "nvtx_ranges", c),
+        ]),
+        _table("Ranks", s["ranks"], [
+            ("rank", "rank", c), ("export", "export", c), ("pid", "pid", c), ("process", "process", c),
+            ("local rank", "local_rank", c), ("world size", "world_size", c), ("identified by", "rank_source", c),
+        ], empty="no process launched CUDA work or wrote NVTX"),
+        _table("GPU busy time per device", s["devices"], [
+            ("export", "export", c), ("device", "device", c), ("ranks", "ranks", c), ("kernels", "kernels", c),
+            ("kernel time", "kernel_ns", fmt.duration), ("busy", "busy_ns", fmt.duration),
+            ("span", "span_ns", fmt.duration), ("busy %", "busy_pct", fmt.percent),
+        ], empty="no GPU activity recorded"),
+        _table("Top kernels by total time", s["top_kernels"], [
+            ("kernel", "kernel", c), ("NCCL", "nccl", lambda v: "yes" if v else ""), ("count", "count", c),
+            ("total", "total_ns", fmt.duration), ("mean", "mean_ns", fmt.duration), ("% of kernel time", "pct", fmt.percent),
+        ], empty="no kernels"),
+        _table("NCCL time by operation and size", s["nccl"], [
+            ("kind", "kind", c), ("operation", "op", c), ("message size", "bytes", fmt.size), ("count", "count", c),
+            ("total", "total_ns", fmt.duration), ("mean", "mean_ns", fmt.duration),
+        ], empty="no NCCL kernels"),
+        _table("Memory copies", s["copies"], [
+            ("kind", "copy_kind", c), ("count", "count", c), ("bytes", "bytes", fmt.size), ("total", "total_ns", fmt.duration),
+        ], empty="no copies"),
+        _table("NVTX ranges by total time", s["nvtx_ranges"], [
+            ("domain", "domain", c), ("range", "range", c), ("count", "count", c),
+            ("total", "total_ns", fmt.duration), ("mean", "mean_ns", fmt.duration),
+        ], empty="no NVTX ranges"),
+    ]
+
+
+def finding_lines(finding: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, text) pairs describing one finding."""
+    where = ", ".join(
+        f"{k} {finding[k]}" for k in ("rank", "device", "pid") if finding.get(k) is not None
+    )
+    evidence = "; ".join(f"{k}={v}" for k, v in finding.get("evidence", {}).items())
+    return [
+        ("where", where or "-"),
+        ("window", f"{finding['start_ns']} .. {finding['end_ns']} ns"),
+        ("impact", fmt.duration(finding["impact_ns"])),
+        ("evidence", evidence or "-"),
+        ("fix", finding["advice"]),
+    ]
