@@ -191,7 +191,7 @@ def limitations(trace: Trace) -> list[str]:
     """What this capture cannot show, each with the capture option that would show it."""
     notes = []
     exports = trace.exports
-    no_cuda = [e for e in exports if not e.has_cuda_tables]
+    no_cuda = [e for e in exports if not e.has_cuda_data]
     if no_cuda:
         which = "this capture" if len(no_cuda) == len(exports) else f"{len(no_cuda)} of {len(exports)} exports"
         notes.append(
@@ -199,7 +199,7 @@ def limitations(trace: Trace) -> list[str]:
             "(capture with `--trace=cuda,nvtx,osrt` on a machine with a GPU)."
         )
     elif trace.kernels.empty:
-        notes.append("No kernel records (the export has no kernel table): kernel figures are unavailable.")
+        notes.append("No kernel records: kernel figures are unavailable.")
     launches = trace.graph_launches
     if len(launches) and trace.kernels["graph_node_id"].isna().all():
         notes.append(

@@ -169,6 +169,11 @@ class NsysExport:
         except sa.exc.DatabaseError as exc:
             raise self._corrupt(exc) from None
 
+    def has_rows(self, table: str | None) -> bool:
+        if not table or not self.has_table(table):
+            return False
+        return bool(self.scalar(f"SELECT EXISTS (SELECT 1 FROM {table})"))
+
     def count(self, table: str) -> int:
         if not self.has_table(table):
             return 0

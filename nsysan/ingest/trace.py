@@ -88,7 +88,7 @@ class ExportInfo:
     nsys_version: str
     schema_version: str
     session_start_utc_ns: int | None
-    has_cuda_tables: bool
+    has_cuda_data: bool
 
 
 class Trace:
@@ -103,7 +103,7 @@ class Trace:
                 nsys_version=x.meta.nsys_version,
                 schema_version=x.meta.schema_version,
                 session_start_utc_ns=x.meta.session_start_utc_ns,
-                has_cuda_tables=any(find_table(x, role) for role in CUDA_ROLES),
+                has_cuda_data=has_cuda_data(x),
             )
             for i, x in enumerate(exports)
         ]
@@ -211,6 +211,11 @@ class Trace:
         return (starts - starts.min()).fillna(0).astype("int64")
 
 
+def has_cuda_data(x: NsysExport) -> bool:
+    """Whether any CUDA activity table of the export holds rows (lazy=false exports hold empty ones)."""
+    return any(x.has_rows(find_table(x, role)) for role in CUDA_ROLES)
+
+
 def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
     """Open every export named by ``inputs`` (files, directories, globs) as one Trace.
 
@@ -222,11 +227,9 @@ def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
         for path in expand_inputs(inputs):
             x = NsysExport(path)
             exports.append(x)
-            has_cuda = any(find_table(x, role) for role in CUDA_ROLES)
-            nvtx_table = find_table(x, "nvtx")
-            if not has_cuda and not (nvtx_table and x.count(nvtx_table)):
+            if not has_cuda_data(x) and not x.has_rows(find_table(x, "nvtx")):
                 raise InputError(
-                    f"{path}: nsys export has no CUDA tables and no NVTX events, nothing to analyse "
+                    f"{path}: nsys export has no CUDA activity and no NVTX events, nothing to analyse "
                     f"(nsys {x.meta.nsys_version or 'version unknown'}); capture with "
                     "`nsys profile --trace=cuda,nvtx,osrt` or `nsysan capture`"
                 )

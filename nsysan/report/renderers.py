@@ -87,7 +87,7 @@ def render_html(doc: dict[str, Any]) -> str:
 
 def render_terminal(doc: dict[str, Any], width: int | None = None, color: bool | None = None) -> str:
     buf = io.StringIO()
-    console = Console(file=buf, width=width or 120, force_terminal=color, no_color=color is False, highlight=False)
+    console = Console(file=buf, width=width, force_terminal=color, no_color=color is False, highlight=False)
     console.rule(f"nsysan report · {_headline(doc)}")
     styles = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
     for f in doc["findings"]:
