@@ -83,7 +83,7 @@ def report(
 
     Example: nsysan report fixtures/samples/allreduce-2rank.sqlite --format markdown -o report.md
     """
-    from nsysan.findings import Finding, Severity, at_least
+    from nsysan.findings import Severity
     from nsysan.ingest import load_trace
     from nsysan.report import RENDERERS, analyse
 
@@ -102,7 +102,6 @@ def report(
         matched = [s for s in severities if s.rank >= Severity(fail_on.value).rank]
         if matched:
             raise GateFailed(f"{len(matched)} finding(s) at {fail_on.value} or worse")
-    del Finding, at_least
 
 
 def main() -> None:

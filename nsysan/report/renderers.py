@@ -5,6 +5,8 @@ from __future__ import annotations
 import html
 import io
 import json
+import shutil
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -86,6 +88,8 @@ def render_html(doc: dict[str, Any]) -> str:
 
 
 def render_terminal(doc: dict[str, Any], width: int | None = None, color: bool | None = None) -> str:
+    if width is None:  # a terminal's own width; files and pipes get room for long kernel names
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 160
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=color, no_color=color is False, highlight=False)
     console.rule(f"nsysan report · {_headline(doc)}")

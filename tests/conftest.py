@@ -1,0 +1,61 @@
+"""Shared fixtures. Real parts policy: a test that needs nsys, torch or the real traces skips on
+a developer machine that lacks them and FAILS under CI (CI=true), where .ci/run installs them."""
+
+from __future__ import annotations
+
+import hashlib
+import lzma
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def need(condition: bool, what: str) -> None:
+    """Skip locally, fail in CI, when a real part is missing."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is required in CI (.ci/run installs it)", pytrace=False)
+    pytest.skip(f"{what} not available on this machine")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def realtraces_dir() -> Path:
+    return Path(os.environ.get("NSYSAN_REALTRACES", REPO.parent / "shared" / "realtraces"))
+
+
+@pytest.fixture(scope="session")
+def realtraces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The real exports of ../shared/realtraces, decompressed once per session: name -> path."""
+    src = realtraces_dir()
+    files = sorted(src.glob("*.sqlite.xz")) if src.is_dir() else []
+    need(bool(files), f"the real traces in {src}")
+    out = tmp_path_factory.mktemp("realtraces")
+    traces = {}
+    for f in files:
+        name = f.name.removesuffix(".sqlite.xz")
+        target = out / f"{name}.sqlite"
+        with lzma.open(f) as fin, target.open("wb") as fout:
+            shutil.copyfileobj(fin, fout)
+        traces[name] = target
+    return traces
+
+
+@pytest.fixture(scope="session")
+def nsys_bin() -> Path:
+    from nsysan.nsys import NsysNotFound, find_nsys
+
+    try:
+        path = find_nsys()
+    except NsysNotFound:
+        path = None
+    need(path is not None, "a real Nsight Systems (nsys)")
+    return path

@@ -1,0 +1,118 @@
+"""The command line: formats, the findings contract, --output, --fail-on, inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from fixtures.samples import SAMPLES_DIR, sample_paths
+from nsysan import __version__, detect
+from nsysan.cli import app
+from nsysan.findings import Finding, Severity
+
+SAMPLE = str(sample_paths("allreduce-2rank")[0])
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"nsysan {__version__}"
+
+
+def test_help_lists_report():
+    result = invoke("--help")
+    assert result.exit_code == 0 and "report" in result.output
+
+
+def test_json_follows_the_findings_contract():
+    result = invoke("report", SAMPLE, "--format", "json")
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    assert set(doc) == {"nsysan_version", "traces", "findings", "summary"}
+    assert doc["nsysan_version"] == __version__
+    assert doc["traces"] == [{"path": SAMPLE, "schema_version": "3.28.1", "ranks": [0, 1], "devices": [0, 1]}]
+    assert doc["findings"] == []
+    s = doc["summary"]
+    assert s["findings_by_severity"] == {"info": 0, "warning": 0, "critical": 0}
+    assert s["exports"][0]["kernels"] == 108 and s["exports"][0]["nccl_kernels"] == 12
+    assert s["nccl"] == [{"kind": "collective", "op": "AllReduce", "bytes": 64 * 2**20, "count": 12,
+                          "total_ns": s["nccl"][0]["total_ns"], "mean_ns": s["nccl"][0]["mean_ns"]}]  # fmt: skip
+    assert [r["rank_source"] for r in s["ranks"]] == ["nvtx", "nvtx"]
+
+
+@pytest.mark.parametrize(("fmt", "marker"), [("markdown", "## NCCL time by operation and size"),
+                                             ("html", "<h2>NCCL time by operation and size</h2>"),
+                                             ("terminal", "NCCL time by operation and size")])  # fmt: skip
+def test_text_formats_to_file(tmp_path, fmt, marker):
+    out = tmp_path / f"report.{fmt}"
+    result = invoke("report", SAMPLE, "--format", fmt, "--output", str(out))
+    assert result.exit_code == 0 and result.output == ""
+    text = out.read_text()
+    assert marker in text and "ncclDevKernel_AllReduce_Sum_f32_RING_LL" in text and "64 MiB" in text
+
+
+def test_directory_and_glob_inputs_are_one_job():
+    folder = SAMPLES_DIR / "allreduce-4rank-2022.4"
+    by_dir = json.loads(invoke("report", str(folder), "-f", "json").output)
+    by_glob = json.loads(invoke("report", str(folder / "rank*.sqlite"), "-f", "json").output)
+    assert [t["ranks"] for t in by_dir["traces"]] == [[0], [1], [2], [3]]
+    assert by_dir["traces"] == by_glob["traces"]
+
+
+def _fake(severity: Severity):
+    def detector(trace):
+        return [Finding(kind="command_buffer_full", severity=severity, title="launch queue full", advice="use CUDA graphs",
+                        start_ns=1, end_ns=2, impact_ns=1, rank=0, device=0, pid=4100,
+                        evidence={"kernels": ["ampere_sgemm_128x64_tn"]})]  # fmt: skip
+
+    return detector
+
+
+@pytest.mark.parametrize(
+    ("severity", "fail_on", "code"),
+    [(Severity.WARNING, "warning", 3), (Severity.WARNING, "critical", 0), (Severity.CRITICAL, "warning", 3),
+     (Severity.INFO, "warning", 0)],
+)  # fmt: skip
+def test_fail_on_gates_on_severity(monkeypatch, severity, fail_on, code):
+    monkeypatch.setitem(detect._REGISTRY, "fake", _fake(severity))
+    result = runner.invoke(app, ["report", SAMPLE, "-f", "json", "--fail-on", fail_on])
+    assert result.exit_code == (0 if code == 0 else 1)  # in-process, GateFailed propagates; main() maps it
+    if code:
+        assert "at " + fail_on in str(result.exception)
+    doc = json.loads(result.output)
+    assert doc["findings"][0] == {
+        "kind": "command_buffer_full", "severity": severity.value, "rank": 0, "device": 0, "pid": 4100,
+        "start_ns": 1, "end_ns": 2, "impact_ns": 1, "title": "launch queue full",
+        "evidence": {"kernels": ["ampere_sgemm_128x64_tn"]}, "advice": "use CUDA graphs",
+    }  # fmt: skip
+
+
+def test_fail_on_exit_code_from_the_real_command(tmp_path):
+    plugin = tmp_path / "sitecustomize.py"
+    plugin.write_text(
+        "from nsysan import detect\nfrom nsysan.findings import Finding, Severity\n"
+        "@detect.register('fake')\n"
+        "def fake(trace):\n"
+        "    return [Finding(kind='command_buffer_full', severity=Severity.CRITICAL, title='t', advice='a',"
+        " start_ns=0, end_ns=1, impact_ns=1)]\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "nsysan", "report", SAMPLE, "--fail-on", "critical", "-f", "json"],
+                            capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip() == "nsysan: error: 1 finding(s) at critical or worse"
+    assert json.loads(result.stdout)["findings"][0]["severity"] == "critical"
+
+
+def test_python_dash_m_and_console_script_agree():
+    a = subprocess.run([sys.executable, "-m", "nsysan", "--version"], capture_output=True, text=True, timeout=60)
+    assert a.returncode == 0 and a.stdout.strip() == f"nsysan {__version__}"
