@@ -46,7 +46,3 @@ class Finding:
                  "title", "evidence", "advice")  # fmt: skip
         return {key: d[key] for key in order}
 
-
-def at_least(findings: list[Finding], threshold: Severity) -> list[Finding]:
-    """Findings whose severity is ``threshold`` or worse: what ``--fail-on`` gates on."""
-    return [f for f in findings if f.severity.rank >= threshold.rank]

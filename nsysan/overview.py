@@ -16,6 +16,14 @@ TOP_N = 15
 PEER_TO_PEER = "Peer-to-Peer"
 
 
+# The kernel columns the overview reads: a 1M-kernel trace costs only these.
+KERNEL_COLUMNS = ("pid", "device", "correlation_id", "start_ns", "end_ns", "short_name", "graph_node_id")
+
+
+def _kernels(trace: Trace) -> pd.DataFrame:
+    return trace.kernel_columns(KERNEL_COLUMNS)
+
+
 @dataclass
 class Overview:
     exports: pd.DataFrame
@@ -45,7 +53,7 @@ def union_ns(intervals: pd.DataFrame, keys: list[str]) -> pd.Series:
 
 def _gpu_activity(trace: Trace) -> pd.DataFrame:
     cols = ["export", "rank", "device", "start_ns", "end_ns"]
-    parts = [f[cols] for f in (trace.kernels, trace.memcpy, trace.memset) if len(f)]
+    parts = [f[cols] for f in (_kernels(trace), trace.memcpy, trace.memset) if len(f)]
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
     return pd.concat(parts, ignore_index=True).dropna(subset=["device"])
@@ -62,13 +70,12 @@ def device_table(trace: Trace) -> pd.DataFrame:
     span = activity.groupby(keys).agg(first=("start_ns", "min"), last=("end_ns", "max"))
     span_ns = span["last"] - span["first"]
     busy = union_ns(activity, keys).reindex(span.index, fill_value=0)
-    k = trace.kernels.dropna(subset=["device"]).astype({"device": "int64"})
+    k = _kernels(trace).dropna(subset=["device"]).astype({"device": "int64"})
     per_kernel = k.assign(d=k["end_ns"] - k["start_ns"]).groupby(keys).agg(
         kernels=("d", "size"), kernel_ns=("d", "sum")
     )
-    ranks = activity.dropna(subset=["rank"]).groupby(keys)["rank"].agg(
-        lambda r: ",".join(str(int(v)) for v in sorted(set(r)))
-    )
+    pairs = activity[[*keys, "rank"]].dropna().drop_duplicates().sort_values("rank")
+    ranks = pairs.groupby(keys)["rank"].agg(lambda r: ",".join(str(int(v)) for v in r))
     out = pd.DataFrame({"busy_ns": busy, "span_ns": span_ns}).join(per_kernel).join(ranks.rename("ranks"))
     out[["kernels", "kernel_ns"]] = out[["kernels", "kernel_ns"]].fillna(0).astype("int64")
     out["ranks"] = out["ranks"].fillna("")
@@ -77,7 +84,7 @@ def device_table(trace: Trace) -> pd.DataFrame:
 
 
 def top_kernels(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
-    k = trace.kernels
+    k = _kernels(trace)
     columns = ["kernel", "nccl", "count", "total_ns", "mean_ns", "pct"]
     if k.empty:
         return pd.DataFrame(columns=columns)
@@ -92,7 +99,7 @@ def top_kernels(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
 
 def nccl_table(trace: Trace) -> pd.DataFrame:
     """NCCL kernel time by kind, operation, and message size where the NCCL NVTX ranges give it."""
-    k = trace.kernels
+    k = _kernels(trace)
     columns = ["kind", "op", "bytes", "count", "total_ns", "mean_ns"]
     nccl = k[k["nccl_kind"].notna()] if len(k) else k
     if nccl.empty:
@@ -118,9 +125,9 @@ def attach_nccl_bytes(nccl_kernels: pd.DataFrame, trace: Trace) -> pd.DataFrame:
     out["nccl_api"], out["nccl_bytes"] = pd.NA, pd.NA
     nvtx = trace.nvtx
     ranges = nvtx[(nvtx["domain"] == "NCCL") & nvtx["event_type"].isin(NVTX_RANGE_TYPES)] if len(nvtx) else nvtx
-    api = trace.cuda_api
-    if ranges.empty or api.empty:
+    if ranges.empty:
         return out
+    api = trace.launch_calls(out)
     calls = out[["export", "pid", "correlation_id"]].reset_index().merge(
         api[["export", "pid", "tid", "correlation_id", "start_ns"]].rename(columns={"start_ns": "call_ns"}),
         on=["export", "pid", "correlation_id"],
@@ -163,7 +170,7 @@ def nvtx_range_table(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
 def export_table(trace: Trace) -> pd.DataFrame:
     """Per export: the counts a user can check against ``nsys stats`` or SQL."""
     rows = []
-    k, m, v = trace.kernels, trace.memcpy, trace.nvtx
+    k, m, v = _kernels(trace), trace.memcpy, trace.nvtx
     for e in trace.exports:
         ke = k[k["export"] == e.index]
         me = m[m["export"] == e.index]
@@ -198,17 +205,17 @@ def limitations(trace: Trace) -> list[str]:
             f"No CUDA data in {which}: GPU figures and GPU detectors are unavailable "
             "(capture with `--trace=cuda,nvtx,osrt` on a machine with a GPU)."
         )
-    elif trace.kernels.empty:
+    elif _kernels(trace).empty:
         notes.append("No kernel records: kernel figures are unavailable.")
     launches = trace.graph_launches
-    if len(launches) and trace.kernels["graph_node_id"].isna().all():
+    if len(launches) and _kernels(trace)["graph_node_id"].isna().all():
         notes.append(
             f"Taken with `--cuda-graph-trace=graph`: {len(launches)} graph launches are recorded whole and "
             "the kernels inside them are invisible; re-capture with `--cuda-graph-trace=node`."
         )
     if trace.count("nvtx") == 0:
         notes.append("No NVTX events: NCCL API ranges and user annotations are unavailable (capture with `--trace=nvtx`).")
-    k = trace.kernels
+    k = _kernels(trace)
     if len(k) and k["nccl_kind"].notna().any() and not (trace.nvtx["domain"] == "NCCL").any():
         notes.append(
             "NCCL kernels without NCCL NVTX ranges: message sizes are unknown "

@@ -9,7 +9,8 @@ with the same columns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -35,31 +36,48 @@ def _ident(name: str) -> str:
     return f'"{name}"'
 
 
+# NULL in an integer column is read as this sentinel, so all-integer selects take numpy's fast path.
+_NULL_INT = -(2**63)
+
+
 def _select(
     x: NsysExport,
     table: str | None,
     columns: Mapping[str, str],
     required: tuple[str, ...] = (),
+    ints: tuple[str, ...] = (),
     where: str = "",
+    params: tuple[object, ...] = (),
 ) -> pd.DataFrame:
-    """SELECT ``columns`` (tidy name -> source column) that exist; absent optional ones become NA."""
+    """SELECT ``columns`` (tidy name -> source column) that exist; absent optional ones become NA.
+
+    Columns named in ``ints`` come back int64, or nullable Int64 where some rows are NULL.
+    """
     have = set(x.columns(table)) if table else set()
     present = {out: src for out, src in columns.items() if src in have}
     if table is None or not present or any(columns[r] not in have for r in required):
-        return pd.DataFrame({out: pd.Series(dtype="object") for out in columns})
-    exprs = ", ".join(f"{_ident(src)} AS {_ident(out)}" for out, src in present.items())
-    df = x.query(f"SELECT {exprs} FROM {table} {where}")
+        df = pd.DataFrame({out: pd.Series(dtype="object") for out in columns})
+        for out in ints:
+            df[out] = df[out].astype("Int64")
+        return df
+    integers = set(present) <= set(ints)
+    exprs = ", ".join(
+        f"IFNULL({_ident(src)}, {_NULL_INT}) AS {_ident(out)}" if integers else f"{_ident(src)} AS {_ident(out)}"
+        for out, src in present.items()
+    )
+    df = x.query(f"SELECT {exprs} FROM {table} {where}", params, integers=integers)
     for out in columns:
         if out not in df:
             df[out] = pd.NA
+    for out in ints:
+        col = df[out]
+        if integers and out in present:
+            missing = col.to_numpy() == _NULL_INT
+            df[out] = col.astype("Int64").mask(missing) if missing.any() else col
+        else:
+            col = pd.to_numeric(col, errors="coerce")
+            df[out] = col.astype("int64") if col.notna().all() and len(col) else col.astype("Int64")
     return df[list(columns)]
-
-
-def _ints(df: pd.DataFrame, names: tuple[str, ...]) -> None:
-    """Whole-number columns: int64 when complete, nullable Int64 when some rows are NULL."""
-    for name in names:
-        col = pd.to_numeric(df[name], errors="coerce")
-        df[name] = col.astype("int64") if col.notna().all() else col.astype("Int64")
 
 
 def _label_enum(x: NsysExport, enum_table: str, ids: pd.Series, fallback: Mapping[int, str]) -> pd.Categorical:
@@ -69,34 +87,40 @@ def _label_enum(x: NsysExport, enum_table: str, ids: pd.Series, fallback: Mappin
     return pd.Categorical(pd.to_numeric(ids, errors="coerce").map(labels))
 
 
-def _resolve(df: pd.DataFrame, x: NsysExport, table: str, src: str, out: str) -> None:
-    df[out] = x.resolve(df[out], table, src)
+def _resolve(df: pd.DataFrame, x: NsysExport, out: str) -> None:
+    df[out] = x.resolve(df[out])
 
 
 _TIME = ("start_ns", "end_ns")
 
 
-def read_kernels(x: NsysExport) -> pd.DataFrame:
+KERNEL_SOURCES = {
+    "pid": "globalPid", "device": "deviceId", "context": "contextId", "stream": "streamId",
+    "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
+    "name": "demangledName", "short_name": "shortName",
+    "grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ",
+    "block_x": "blockX", "block_y": "blockY", "block_z": "blockZ",
+    "graph_node_id": "graphNodeId", "graph_id": "graphId",
+}  # fmt: skip
+
+
+def read_kernels(x: NsysExport, columns: Iterable[str] | None = None) -> pd.DataFrame:
+    """Kernels, all tidy columns or just ``columns``; rows always in table (rowid) order, so
+    columns read at different times line up."""
     table = find_table(x, "kernels")
-    cols = {
-        "pid": "globalPid", "device": "deviceId", "context": "contextId", "stream": "streamId",
-        "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
-        "name": "demangledName", "short_name": "shortName",
-        "grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ",
-        "block_x": "blockX", "block_y": "blockY", "block_z": "blockZ",
-        "graph_node_id": "graphNodeId", "graph_id": "graphId",
-    }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "end_ns", "short_name"))
-    df["pid"] = decode_pid(df["pid"])
-    _ints(df, ("device", "context", "stream", "correlation_id", *_TIME,
-               "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-               "graph_node_id", "graph_id"))  # fmt: skip
-    if table:
-        _resolve(df, x, table, "shortName", "short_name")
+    wanted = set(KERNEL_SOURCES if columns is None else columns)
+    cols = {out: src for out, src in KERNEL_SOURCES.items() if out in wanted}
+    required = tuple(c for c in ("start_ns", "end_ns", "short_name") if c in cols)
+    df = _select(x, table, cols, required=required, ints=tuple(cols), where="ORDER BY rowid")
+    if "pid" in df:
+        df["pid"] = decode_pid(df["pid"])
+    if "short_name" in df and table:
+        _resolve(df, x, "short_name")
+    if "name" in df and table:
         if "demangledName" in x.columns(table):
-            _resolve(df, x, table, "demangledName", "name")
-        else:
-            df["name"] = df["short_name"]
+            _resolve(df, x, "name")
+        else:  # very old exports: the short name is all there is
+            df["name"] = read_kernels(x, ["short_name"])["short_name"].to_numpy()
     return df
 
 
@@ -113,10 +137,8 @@ def read_memcpy(x: NsysExport) -> pd.DataFrame:
         "bytes": "bytes", "copy_kind": "copyKind", "src_kind": "srcKind", "dst_kind": "dstKind",
         "src_device": "srcDeviceId", "dst_device": "dstDeviceId", "graph_node_id": "graphNodeId",
     }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "end_ns", "bytes"))
+    df = _select(x, table, cols, required=("start_ns", "end_ns", "bytes"), ints=tuple(cols))
     df["pid"] = decode_pid(df["pid"])
-    _ints(df, ("device", "context", "stream", "correlation_id", *_TIME, "bytes",
-               "src_device", "dst_device", "graph_node_id"))  # fmt: skip
     df["copy_kind"] = _label_enum(x, "ENUM_CUDA_MEMCPY_OPER", df["copy_kind"], _COPY_KIND)
     df["src_kind"] = _label_enum(x, "ENUM_CUDA_MEM_KIND", df["src_kind"], _MEM_KIND)
     df["dst_kind"] = _label_enum(x, "ENUM_CUDA_MEM_KIND", df["dst_kind"], _MEM_KIND)
@@ -130,15 +152,21 @@ def read_memset(x: NsysExport) -> pd.DataFrame:
         "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
         "bytes": "bytes", "value": "value", "graph_node_id": "graphNodeId",
     }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "end_ns"))
+    df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
     df["pid"] = decode_pid(df["pid"])
-    _ints(df, ("device", "context", "stream", "correlation_id", *_TIME, "bytes", "value",
-               "graph_node_id"))  # fmt: skip
     return df
 
 
-def read_cuda_api(x: NsysExport) -> pd.DataFrame:
-    """CUDA runtime and driver calls in one frame; ``api`` says which."""
+def read_cuda_api(x: NsysExport, correlation_ids: np.ndarray | None = None) -> pd.DataFrame:
+    """CUDA runtime and driver calls in one frame; ``api`` says which.
+
+    With ``correlation_ids``, only the calls with those ids are read (SQLite filters them, so a
+    million launch calls never reach Python to find the few that launched NCCL kernels).
+    """
+    where, params = "", ()
+    if correlation_ids is not None:
+        where = "WHERE correlationId IN (SELECT value FROM json_each(?))"
+        params = (json.dumps([int(i) for i in np.unique(correlation_ids)]),)
     cols = {
         "pid": "globalTid", "tid": "globalTid", "correlation_id": "correlationId",
         "start_ns": "start", "end_ns": "end", "name": "nameId", "return_value": "returnValue",
@@ -146,14 +174,14 @@ def read_cuda_api(x: NsysExport) -> pd.DataFrame:
     parts = []
     for role in ("runtime", "driver"):
         table = find_table(x, role)
-        df = _select(x, table, cols, required=("start_ns", "end_ns", "name"))
+        df = _select(x, table, cols, required=("start_ns", "end_ns", "name"), ints=tuple(cols),
+                     where=where, params=params)  # fmt: skip
         if table:
-            _resolve(df, x, table, "nameId", "name")
+            _resolve(df, x, "name")
         df["api"] = role
         parts.append(df)
     df = concat_frames(parts)
     df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    _ints(df, ("correlation_id", *_TIME, "return_value"))
     df["api"] = df["api"].astype("category")
     return df
 
@@ -176,9 +204,9 @@ def read_nvtx(x: NsysExport) -> pd.DataFrame:
         "int32": "int32Value", "uint32": "uint32Value", "double": "doubleValue",
         "float": "floatValue", "json": "jsonText",
     }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "event_type"))
+    df = _select(x, table, cols, required=("start_ns", "event_type"),
+                 ints=("start_ns", "end_ns", "domain_id", "category", "text_id"))  # fmt: skip
     df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    _ints(df, ("start_ns", "end_ns", "domain_id", "category", "text_id"))
 
     enum = x.enum("ENUM_NSYS_EVENT_TYPE")
     names = dict(_NVTX_TYPES)
@@ -186,7 +214,7 @@ def read_nvtx(x: NsysExport) -> pd.DataFrame:
     df["event_type"] = pd.Categorical(pd.to_numeric(df["event_type"]).map(names))
 
     if table and "textId" in x.columns(table):
-        registered = pd.Series(x.resolve(df["text_id"], table, "textId"), index=df.index, dtype=object)
+        registered = pd.Series(x.resolve(df["text_id"]), index=df.index, dtype=object)
         text = df["text"].astype(object).where(df["text"].notna(), registered)
     else:
         text = df["text"].astype(object)
@@ -218,15 +246,14 @@ def read_overhead(x: NsysExport) -> pd.DataFrame:
     parts = []
     for role in ("cupti_overhead", "profiler_overhead"):
         table = find_table(x, role)
-        df = _select(x, table, cols, required=("start_ns", "end_ns"))
+        df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
         if table:
-            _resolve(df, x, table, "nameId", "name")
+            _resolve(df, x, "name")
         df["overhead_type"] = _label_enum(x, "ENUM_CUPTI_OVERHEAD_TYPE", df["overhead_type"], {})
         df["source"] = table or ""
         parts.append(df)
     df = concat_frames(parts)
     df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    _ints(df, (*_TIME, "correlation_id"))
     df["overhead_type"] = df["overhead_type"].astype("category")
     df["source"] = df["source"].astype("category")
     return df
@@ -239,9 +266,8 @@ def read_sync(x: NsysExport) -> pd.DataFrame:
         "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
         "sync_type": "syncType", "event_id": "eventId", "event_sync_id": "eventSyncId",
     }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "end_ns"))
+    df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
     df["pid"] = decode_pid(df["pid"])
-    _ints(df, ("device", "context", "stream", "correlation_id", *_TIME, "event_id", "event_sync_id"))
     df["sync_type"] = _label_enum(x, "ENUM_CUPTI_SYNC_TYPE", df["sync_type"], {})
     return df
 
@@ -253,10 +279,8 @@ def read_cuda_events(x: NsysExport) -> pd.DataFrame:
         "correlation_id": "correlationId", "event_id": "eventId", "event_sync_id": "eventSyncId",
         "timestamp_ns": "timestamp",
     }  # fmt: skip
-    df = _select(x, table, cols, required=("event_id",))
+    df = _select(x, table, cols, required=("event_id",), ints=tuple(cols))
     df["pid"] = decode_pid(df["pid"])
-    _ints(df, ("device", "context", "stream", "correlation_id", "event_id", "event_sync_id",
-               "timestamp_ns"))  # fmt: skip
     return df
 
 
@@ -267,11 +291,10 @@ def read_graph_nodes(x: NsysExport) -> pd.DataFrame:
         "pid": "globalTid", "tid": "globalTid", "start_ns": "start", "end_ns": "end",
         "name": "nameId", "graph_node_id": "graphNodeId", "original_graph_node_id": "originalGraphNodeId",
     }  # fmt: skip
-    df = _select(x, table, cols, required=("graph_node_id",))
+    df = _select(x, table, cols, required=("graph_node_id",), ints=tuple(cols))
     df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    _ints(df, (*_TIME, "graph_node_id", "original_graph_node_id"))
     if table:
-        _resolve(df, x, table, "nameId", "name")
+        _resolve(df, x, "name")
     return df
 
 
@@ -283,26 +306,24 @@ def read_graph_launches(x: NsysExport) -> pd.DataFrame:
         "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
         "graph_id": "graphId", "graph_exec_id": "graphExecId",
     }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "end_ns"))
+    df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
     df["pid"] = decode_pid(df["pid"])
-    _ints(df, ("device", "stream", "correlation_id", *_TIME, "graph_id", "graph_exec_id"))
     return df
 
 
 def read_processes(x: NsysExport) -> pd.DataFrame:
     table = find_table(x, "processes")
-    df = _select(x, table, {"global_pid": "globalPid", "pid": "pid", "name": "name"})
-    _ints(df, ("global_pid", "pid"))
+    df = _select(x, table, {"global_pid": "globalPid", "pid": "pid", "name": "name"}, ints=("global_pid", "pid"))
     df["name"] = df["name"].astype(object)
     return df
 
 
 def read_threads(x: NsysExport) -> pd.DataFrame:
     table = find_table(x, "threads")
-    df = _select(x, table, {"pid": "globalTid", "tid": "globalTid", "name": "nameId"})
+    df = _select(x, table, {"pid": "globalTid", "tid": "globalTid", "name": "nameId"}, ints=("pid", "tid", "name"))
     df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
     if table:
-        _resolve(df, x, table, "nameId", "name")
+        _resolve(df, x, "name")
     return df
 
 
@@ -313,8 +334,7 @@ def read_gpus(x: NsysExport) -> pd.DataFrame:
         "total_memory": "totalMemory", "uuid": "uuid", "compute_major": "computeMajor",
         "compute_minor": "computeMinor",
     }  # fmt: skip
-    df = _select(x, table, cols)
-    _ints(df, ("device", "sm_count", "total_memory", "compute_major", "compute_minor"))
+    df = _select(x, table, cols, ints=("device", "sm_count", "total_memory", "compute_major", "compute_minor"))
     df["name"] = df["name"].astype(object)
     return df.drop_duplicates("device")
 

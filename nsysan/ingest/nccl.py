@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 NCCL_COLUMNS = ("nccl_kind", "nccl_op", "nccl_reduction", "nccl_dtype", "nccl_algo", "nccl_proto")
@@ -74,7 +75,10 @@ def classify_kernels(names: pd.Series) -> pd.DataFrame:
     codes = cat.cat.codes.to_numpy()
     out = {}
     for i, column in enumerate(NCCL_COLUMNS):
-        values = pd.Series([row[i] for row in table] + [None], dtype=object)
-        # code -1 (missing name) maps to the trailing None.
-        out[column] = pd.Categorical(values.to_numpy()[codes])
+        values = [row[i] for row in table]
+        categories = sorted({v for v in values if v is not None})
+        position = {v: j for j, v in enumerate(categories)}
+        # old category code -> new code; the trailing -1 serves missing names (code -1)
+        remap = np.array([position.get(v, -1) for v in values] + [-1], dtype=np.int64)
+        out[column] = pd.Categorical.from_codes(remap[codes], categories=categories)
     return pd.DataFrame(out, index=names.index)

@@ -39,12 +39,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from nsysan.errors import InputError
 from nsysan.ingest import frames
 from nsysan.ingest.export import NsysExport
-from nsysan.ingest.nccl import classify_kernels
+from nsysan.ingest.nccl import NCCL_COLUMNS, classify_kernels
 from nsysan.ingest.ranks import identify_ranks
 from nsysan.ingest.tables import CUDA_ROLES, find_table
 
@@ -96,6 +97,7 @@ class Trace:
 
     def __init__(self, exports: list[NsysExport]) -> None:
         self._exports = exports
+        self._kernel_cache: pd.DataFrame | None = None
         self.exports = [
             ExportInfo(
                 index=i,
@@ -127,20 +129,46 @@ class Trace:
         df = frames.concat_frames(parts)
         df["export"] = df["export"].astype("int64")
         if with_rank and "pid" in df.columns:
-            ranks = self.ranks[["export", "pid", "rank"]]
-            df = df.merge(ranks, on=["export", "pid"], how="left")
-            df["rank"] = df["rank"].astype("Int64")
+            ranks = self.ranks
+            known = pd.Index(_process_key(ranks["export"], ranks["pid"]))
+            where = known.get_indexer(_process_key(df["export"], df["pid"]))
+            rank = pd.array(ranks["rank"], dtype="Int64").take(where, allow_fill=True)
+            df["rank"] = rank
         return df
 
     @functools.cached_property
     def ranks(self) -> pd.DataFrame:
         return identify_ranks(self._exports)
 
-    @functools.cached_property
+    @property
     def kernels(self) -> pd.DataFrame:
-        df = self._gather(frames.read_kernels)
-        nccl = classify_kernels(df["short_name"] if len(df) else pd.Series([], dtype="category"))
-        return pd.concat([df, nccl.set_index(df.index)], axis=1)
+        """Every kernel column; see :meth:`kernel_columns` to read only some."""
+        return self.kernel_columns(frames.KERNEL_SOURCES)
+
+    def kernel_columns(self, columns: Iterable[str]) -> pd.DataFrame:
+        """Kernels with just ``columns`` (plus ``export``, and what derives from them: ``rank``
+        from ``pid``, the NCCL columns from ``short_name``).
+
+        Kernels are the one table with millions of rows, so columns are read on first request and
+        kept: a second caller asking for more reads only the columns it adds.
+        """
+        wanted = [c for c in frames.KERNEL_SOURCES if c in set(columns)]
+        cache = self._kernel_cache
+        missing = [c for c in wanted if cache is None or c not in cache]
+        if missing:
+            part = self._gather(functools.partial(frames.read_kernels, columns=missing), with_rank="pid" in missing)
+            if "short_name" in missing:
+                nccl = classify_kernels(part["short_name"])
+                for column in nccl.columns:
+                    part[column] = nccl[column].array
+            if cache is None:
+                cache = part
+            else:
+                for column in part.columns.difference(cache.columns):
+                    cache[column] = part[column].array
+            self._kernel_cache = cache
+        derived = (["rank"] if "pid" in wanted else []) + (list(NCCL_COLUMNS) if "short_name" in wanted else [])
+        return cache[["export", *wanted, *derived]]
 
     @functools.cached_property
     def memcpy(self) -> pd.DataFrame:
@@ -153,6 +181,19 @@ class Trace:
     @functools.cached_property
     def cuda_api(self) -> pd.DataFrame:
         return self._gather(frames.read_cuda_api)
+
+    def launch_calls(self, kernels: pd.DataFrame) -> pd.DataFrame:
+        """The CUDA API calls that launched ``kernels``: cuda_api rows with their correlation ids.
+
+        Uses the cuda_api frame when it is loaded; otherwise reads only the matching rows.
+        """
+        if "cuda_api" in self.__dict__:
+            keys = kernels[["export", "pid", "correlation_id"]].drop_duplicates()
+            return self.cuda_api.merge(keys, on=["export", "pid", "correlation_id"])
+        ids = kernels.groupby("export")["correlation_id"].unique()
+        readers = {i: functools.partial(frames.read_cuda_api, correlation_ids=ids[i]) for i in ids.index}
+        empty = functools.partial(frames.read_cuda_api, correlation_ids=np.array([], dtype=np.int64))
+        return self._gather(lambda x: readers.get(self._exports.index(x), empty)(x))
 
     @functools.cached_property
     def nvtx(self) -> pd.DataFrame:
@@ -209,6 +250,11 @@ class Trace:
         if starts.isna().all():
             return pd.Series(0, index=starts.index, dtype="int64")
         return (starts - starts.min()).fillna(0).astype("int64")
+
+
+def _process_key(export: pd.Series, pid: pd.Series) -> np.ndarray:
+    """One int64 per (export, pid): pids fit in 24 bits."""
+    return export.to_numpy(dtype=np.int64) << 32 | pid.to_numpy(dtype=np.int64)
 
 
 def has_cuda_data(x: NsysExport) -> bool:

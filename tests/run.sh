@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install what the tests need, then run them: the README's test command, and what CI runs (.ci/run).
+# Installs into the current Python: torch's CPU build first (an unpinned torch would pull several GB
+# of CUDA wheels), nsysan with its test extras, and Debian's Nsight Systems into ~/.cache/nsysan.
+# Extra arguments go to pytest (bash tests/run.sh -k realtraces).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m pip install --quiet --disable-pip-version-check torch==2.13.0
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+
+if nsys_path=$(bash .ci/install-nsys.sh | tail -n 1) && [ -x "$nsys_path" ]; then
+    export NSYS="$nsys_path"
+elif [ "${CI:-}" = "true" ]; then
+    echo "tests/run.sh: could not install Nsight Systems; CI needs it" >&2
+    exit 1
+else
+    echo "tests/run.sh: no Nsight Systems here; the real-nsys tests will skip" >&2
+fi
+
+exec python3 -m pytest -ra "$@"
