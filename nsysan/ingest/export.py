@@ -92,6 +92,7 @@ class NsysExport:
         url = f"sqlite+pysqlite:///file:{quote(str(self.path.resolve()))}?mode=ro&uri=true"
         self._engine = sa.create_engine(url, poolclass=NullPool)
         self._conn: sa.Connection | None = None
+        self._enums: dict[str, pd.DataFrame] = {}
         self.columns_by_table = self._read_catalogue()
         if "StringIds" not in self.columns_by_table:
             raise NotAnExportError(
@@ -215,14 +216,16 @@ class NsysExport:
         present = pd.to_numeric(ids, errors="coerce").dropna().to_numpy(dtype=np.int64)
         return _categorical_from_ids(ids, self.strings(present))
 
-    @functools.cache
     def enum(self, table: str) -> pd.DataFrame:
         """An ``ENUM_*`` table as (id, name, label); empty when this export lacks it."""
-        cols = self.columns(table)
-        if "id" not in cols or "name" not in cols:
-            return pd.DataFrame({"id": [], "name": [], "label": []})
-        label = "label" if "label" in cols else "name"
-        return self.query(f"SELECT id, name, {label} AS label FROM {table}")
+        if table not in self._enums:
+            cols = self.columns(table)
+            if "id" not in cols or "name" not in cols:
+                self._enums[table] = pd.DataFrame({"id": [], "name": [], "label": []})
+            else:
+                label = "label" if "label" in cols else "name"
+                self._enums[table] = self.query(f"SELECT id, name, {label} AS label FROM {table}")
+        return self._enums[table]
 
     # -- metadata ---------------------------------------------------------------------------
 
