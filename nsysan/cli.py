@@ -6,6 +6,7 @@ and the error's exit code: 2 for unusable input, 3 when ``--fail-on`` matched.
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -15,6 +16,7 @@ import typer
 
 from nsysan import __version__
 from nsysan.errors import GateFailed, InputError, NsysanError
+from nsysan.report.renderers import FORMATS
 
 app = typer.Typer(
     name="nsysan",
@@ -25,11 +27,7 @@ app = typer.Typer(
 )
 
 
-class OutputFormat(str, Enum):
-    terminal = "terminal"
-    json = "json"
-    markdown = "markdown"
-    html = "html"
+OutputFormat = Enum("OutputFormat", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]
 
 
 class FailOn(str, Enum):
@@ -84,12 +82,19 @@ def report(
     Example: nsysan report fixtures/samples/allreduce-2rank.sqlite --format markdown -o report.md
     """
     from nsysan.findings import Severity
-    from nsysan.ingest import load_trace
-    from nsysan.report import RENDERERS, analyse
+    from nsysan.ingest import expand_inputs, load_trace
+    from nsysan.report import analyse
+    from nsysan.report.renderers import RENDERERS, render_terminal
 
+    if output is not None and output.resolve() in {p.resolve() for p in expand_inputs(traces)}:
+        raise InputError(f"{output}: is one of the input traces; choose another --output file")
     with load_trace(traces) as trace:
         doc = analyse(trace)
-    text = RENDERERS[output_format.value](doc)
+    if output_format.value == "terminal":
+        interactive = output is None and sys.stdout.isatty()
+        text = render_terminal(doc, width=None if interactive else 160, color=interactive)
+    else:
+        text = RENDERERS[output_format.value](doc)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -98,28 +103,27 @@ def report(
         except OSError as exc:
             raise InputError(f"{output}: cannot write report ({exc.strerror})") from None
     if fail_on is not None:
-        severities = [Severity(f["severity"]) for f in doc["findings"]]
-        matched = [s for s in severities if s.rank >= Severity(fail_on.value).rank]
+        threshold = Severity(fail_on.value).rank
+        matched = sum(Severity(f["severity"]).rank >= threshold for f in doc["findings"])
         if matched:
-            raise GateFailed(f"{len(matched)} finding(s) at {fail_on.value} or worse")
+            raise GateFailed(f"{matched} finding(s) at {fail_on.value} or worse")
 
 
 def main() -> None:
-    """Console entry point: run the app, turning nsysan's own errors into one line and a code."""
+    """Console entry point. Click reports usage errors itself (exit 2); nsysan's own errors become
+    one line and their exit code; anything else is a bug, reported in one line (exit 70) unless
+    NSYSAN_DEBUG is set, which shows the traceback."""
     try:
-        app(standalone_mode=False)
+        app()
     except NsysanError as exc:
         typer.echo(f"nsysan: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("nsysan: aborted", err=True)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except Exception as exc:
+        if os.environ.get("NSYSAN_DEBUG"):
+            raise
+        typer.echo(
+            f"nsysan: internal error: {type(exc).__name__}: {exc} "
+            "(a bug in nsysan: please report it; NSYSAN_DEBUG=1 shows the traceback)",
+            err=True,
+        )
+        sys.exit(70)

@@ -1,6 +1,6 @@
 """The Finding: what every detector returns and every renderer, the UI and CI gates consume.
 
-The JSON form is the contract in DESIGN.md; ``Finding.to_dict`` writes exactly those keys.
+The JSON form is the findings contract (docs/report.md); ``Finding.to_dict`` writes exactly its keys.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ class Severity(str, Enum):
 
 
 _ORDER = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
-
-KINDS = ("nccl_ordering_stall", "graph_allreduce_gap", "comm_compute_slowdown", "command_buffer_full")
 
 
 @dataclass(frozen=True)

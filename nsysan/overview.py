@@ -187,6 +187,9 @@ def export_table(trace: Trace) -> pd.DataFrame:
             "nccl_kernels": int(ke["nccl_kind"].notna().sum()),
             "memcpy": len(me),
             "peer_copies": int((me["copy_kind"] == PEER_TO_PEER).sum()),
+            "cuda_data": e.has_cuda_data,
+            "nccl_nvtx": int((ve["domain"] == "NCCL").sum()),
+            "nvtx_events": len(ve),
             "nvtx_ranges": int(ve["event_type"].isin(NVTX_RANGE_TYPES).sum()),
             "nvtx_marks": int((ve["event_type"] == "mark").sum()),
             "cuda_api_calls": trace.count_in_export(e.index, "runtime") + trace.count_in_export(e.index, "driver"),
@@ -194,52 +197,75 @@ def export_table(trace: Trace) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def limitations(trace: Trace) -> list[str]:
-    """What this capture cannot show, each with the capture option that would show it."""
+def limitations(trace: Trace, exports: pd.DataFrame | None = None) -> list[str]:
+    """What this capture cannot show, each with the capture option that would show it.
+
+    Judged per export: one rank's file missing kernels or NVTX is worth saying even when the
+    others have them.
+    """
+    exports = export_table(trace) if exports is None else exports
+    n = len(exports)
+
+    def where(mask: pd.Series) -> str:
+        k = int(mask.sum())
+        return "this capture" if k == n == 1 else "every export" if k == n else f"{k} of {n} exports"
+
     notes = []
-    exports = trace.exports
-    no_cuda = [e for e in exports if not e.has_cuda_data]
-    if no_cuda:
-        which = "this capture" if len(no_cuda) == len(exports) else f"{len(no_cuda)} of {len(exports)} exports"
+    no_cuda = ~exports["cuda_data"].astype(bool)
+    if no_cuda.any():
         notes.append(
-            f"No CUDA data in {which}: GPU figures and GPU detectors are unavailable "
+            f"No CUDA data in {where(no_cuda)}: GPU figures and GPU detectors are unavailable "
             "(capture with `--trace=cuda,nvtx,osrt` on a machine with a GPU)."
         )
-    elif _kernels(trace).empty:
-        notes.append("No kernel records: kernel figures are unavailable.")
+    no_kernels = ~no_cuda & (exports["kernels"] == 0)
+    if no_kernels.any():
+        notes.append(f"No kernel records in {where(no_kernels)}: kernel figures are unavailable there.")
     launches = trace.graph_launches
     if len(launches) and _kernels(trace)["graph_node_id"].isna().all():
         notes.append(
             f"Taken with `--cuda-graph-trace=graph`: {len(launches)} graph launches are recorded whole and "
             "the kernels inside them are invisible; re-capture with `--cuda-graph-trace=node`."
         )
-    if trace.count("nvtx") == 0:
-        notes.append("No NVTX events: NCCL API ranges and user annotations are unavailable (capture with `--trace=nvtx`).")
-    k = _kernels(trace)
-    if len(k) and k["nccl_kind"].notna().any() and not (trace.nvtx["domain"] == "NCCL").any():
+    no_nvtx = exports["nvtx_events"] == 0
+    if no_nvtx.any():
         notes.append(
-            "NCCL kernels without NCCL NVTX ranges: message sizes are unknown "
+            f"No NVTX events in {where(no_nvtx)}: NCCL API ranges and user annotations are unavailable "
+            "(capture with `--trace=nvtx`)."
+        )
+    unsized = (exports["nccl_kernels"] > 0) & (exports["nccl_nvtx"] == 0)
+    if unsized.any():
+        notes.append(
+            f"NCCL kernels without NCCL NVTX ranges in {where(unsized)}: message sizes are unknown "
             "(unset `NCCL_NVTX_DISABLE` and capture with `--trace=nvtx`)."
         )
-    guessed = trace.ranks[trace.ranks["rank_source"] == "process order"]
-    if len(guessed) and len(trace.ranks) > 1:
+    ranks = trace.ranks
+    guessed = ranks[ranks["rank_source"] == "process order"]
+    if len(guessed) and len(ranks) > 1:
         notes.append(
-            f"Ranks of {len(guessed)} of {len(trace.ranks)} processes were guessed from process order; "
-            "`nsysan capture` records them."
+            f"Ranks of {len(guessed)} of {len(ranks)} processes were guessed from process order; "
+            "an NVTX mark such as `nsysan rank=3` in each process records them."
         )
-    if len(exports) > 1 and any(e.session_start_utc_ns is None for e in exports):
+    claimed = ranks.groupby("rank")["pid"].count()
+    shared = sorted(int(r) for r in claimed[claimed > 1].index)
+    if shared:
+        notes.append(
+            f"Rank(s) {', '.join(map(str, shared))} announced by more than one process: "
+            "are all these exports from one job?"
+        )
+    if n > 1 and any(e.session_start_utc_ns is None for e in trace.exports):
         notes.append("Some exports lack a session start time: their clocks cannot be aligned across ranks.")
     return notes
 
 
 def build_overview(trace: Trace) -> Overview:
+    exports = export_table(trace)
     return Overview(
-        exports=export_table(trace),
+        exports=exports,
         devices=device_table(trace),
         top_kernels=top_kernels(trace),
         nccl=nccl_table(trace),
         copies=copy_table(trace),
         nvtx_ranges=nvtx_range_table(trace),
         ranks=trace.ranks,
-        limitations=limitations(trace),
+        limitations=limitations(trace, exports),
     )

@@ -25,10 +25,6 @@ def register(kind: str) -> Callable[[Detector], Detector]:
     return add
 
 
-def registered() -> dict[str, Detector]:
-    return dict(_REGISTRY)
-
-
 def run_detectors(trace: Trace) -> list[Finding]:
     """Every registered detector's findings, worst first."""
     findings = [f for detector in _REGISTRY.values() for f in detector(trace)]

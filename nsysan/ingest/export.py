@@ -95,6 +95,7 @@ class NsysExport:
         self._enums: dict[str, pd.DataFrame] = {}
         self.columns_by_table = self._read_catalogue()
         if "StringIds" not in self.columns_by_table:
+            self.close()
             raise NotAnExportError(
                 f"{self.path}: SQLite file is not an nsys export (no StringIds table); "
                 "nsysan reads the output of `nsys export --type sqlite`"
@@ -140,6 +141,7 @@ class NsysExport:
                 catalogue[name] = tuple(c[1] for c in cols)
             return catalogue
         except sa.exc.DatabaseError as exc:
+            self.close()
             raise self._corrupt(exc) from None
 
     # -- schema -----------------------------------------------------------------------------
@@ -197,6 +199,13 @@ class NsysExport:
         if not table or not self.has_table(table):
             return False
         return bool(self.scalar(f"SELECT EXISTS (SELECT 1 FROM {table})"))
+
+    @functools.cached_property
+    def has_cuda_data(self) -> bool:
+        """Whether any CUDA activity table holds rows (``--lazy=false`` exports hold empty ones)."""
+        from nsysan.ingest.tables import CUDA_ROLES, find_table
+
+        return any(self.has_rows(find_table(self, role)) for role in CUDA_ROLES)
 
     def count(self, table: str) -> int:
         if not self.has_table(table):
@@ -263,8 +272,8 @@ class NsysExport:
 
 def _categorical_from_ids(ids: pd.Series, lookup: pd.Series) -> pd.Categorical:
     values = ids.to_numpy()
-    if lookup.empty:
-        return pd.Categorical([None] * len(values))
+    if lookup.empty:  # string categories even when none resolve, so exports concatenate
+        return pd.Categorical.from_codes(np.full(len(values), -1), categories=np.array([], dtype=str))
     lookup = lookup[~lookup.index.duplicated()]
     categories, cat_codes = np.unique(lookup.to_numpy(dtype=object).astype(str), return_inverse=True)
     order = np.argsort(lookup.index.to_numpy())

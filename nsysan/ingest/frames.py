@@ -60,24 +60,34 @@ def _select(
         for out in ints:
             df[out] = df[out].astype("Int64")
         return df
-    integers = set(present) <= set(ints)
+    # Integer columns never come back with NULLs (pandas would turn them to float and round
+    # large ids): NULL reads as a sentinel that becomes NA below.
     exprs = ", ".join(
-        f"IFNULL({_ident(src)}, {_NULL_INT}) AS {_ident(out)}" if integers else f"{_ident(src)} AS {_ident(out)}"
+        f"IFNULL({_ident(src)}, {_NULL_INT}) AS {_ident(out)}" if out in ints else f"{_ident(src)} AS {_ident(out)}"
         for out, src in present.items()
     )
-    df = x.query(f"SELECT {exprs} FROM {table} {where}", params, integers=integers)
+    df = x.query(f"SELECT {exprs} FROM {table} {where}", params, integers=set(present) <= set(ints))
     for out in columns:
         if out not in df:
             df[out] = pd.NA
     for out in ints:
-        col = df[out]
-        if integers and out in present:
-            missing = col.to_numpy() == _NULL_INT
-            df[out] = col.astype("Int64").mask(missing) if missing.any() else col
-        else:
-            col = pd.to_numeric(col, errors="coerce")
-            df[out] = col.astype("int64") if col.notna().all() and len(col) else col.astype("Int64")
+        df[out] = _as_int(df[out], present=out in present)
     return df[list(columns)]
+
+
+def _as_int(col: pd.Series, present: bool) -> pd.Series:
+    """int64, or Int64 with NA for the NULL sentinel and for values that are not whole int64s
+    (a REAL or text value where nsys's DDL says INTEGER)."""
+    if not present:
+        return col.astype("Int64")
+    if col.dtype.kind not in "iu":
+        col = pd.to_numeric(col, errors="coerce")
+        whole = col.notna() & (col % 1 == 0) & (col.abs() < 2.0**63)
+        col = col.where(whole).astype("Float64").astype("Int64")
+    missing = (col == _NULL_INT).fillna(False).to_numpy(dtype=bool)
+    if missing.any() or col.dtype == "Int64":
+        return col.astype("Int64").mask(missing)
+    return col.astype("int64")
 
 
 def _label_enum(x: NsysExport, enum_table: str, ids: pd.Series, fallback: Mapping[int, str]) -> pd.Categorical:
@@ -89,9 +99,6 @@ def _label_enum(x: NsysExport, enum_table: str, ids: pd.Series, fallback: Mappin
 
 def _resolve(df: pd.DataFrame, x: NsysExport, out: str) -> None:
     df[out] = x.resolve(df[out])
-
-
-_TIME = ("start_ns", "end_ns")
 
 
 KERNEL_SOURCES = {
@@ -114,10 +121,10 @@ def read_kernels(x: NsysExport, columns: Iterable[str] | None = None) -> pd.Data
     df = _select(x, table, cols, required=required, ints=tuple(cols), where="ORDER BY rowid")
     if "pid" in df:
         df["pid"] = decode_pid(df["pid"])
-    if "short_name" in df and table:
+    if "short_name" in df:
         _resolve(df, x, "short_name")
-    if "name" in df and table:
-        if "demangledName" in x.columns(table):
+    if "name" in df:
+        if table is None or "demangledName" in x.columns(table):
             _resolve(df, x, "name")
         else:  # very old exports: the short name is all there is
             df["name"] = read_kernels(x, ["short_name"])["short_name"].to_numpy()
@@ -166,7 +173,8 @@ def read_cuda_api(x: NsysExport, correlation_ids: np.ndarray | None = None) -> p
     where, params = "", ()
     if correlation_ids is not None:
         where = "WHERE correlationId IN (SELECT value FROM json_each(?))"
-        params = (json.dumps([int(i) for i in np.unique(correlation_ids)]),)
+        ids = pd.unique(pd.Series(correlation_ids).dropna().astype("int64"))
+        params = (json.dumps(ids.tolist()),)
     cols = {
         "pid": "globalTid", "tid": "globalTid", "correlation_id": "correlationId",
         "start_ns": "start", "end_ns": "end", "name": "nameId", "return_value": "returnValue",
@@ -176,8 +184,7 @@ def read_cuda_api(x: NsysExport, correlation_ids: np.ndarray | None = None) -> p
         table = find_table(x, role)
         df = _select(x, table, cols, required=("start_ns", "end_ns", "name"), ints=tuple(cols),
                      where=where, params=params)  # fmt: skip
-        if table:
-            _resolve(df, x, "name")
+        _resolve(df, x, "name")
         df["api"] = role
         parts.append(df)
     df = concat_frames(parts)
@@ -194,6 +201,19 @@ _NVTX_TYPE_NAMES = {"NvtxMark": "mark", "NvtxThread": "thread_name", "NvtxPushPo
 NVTX_RANGE_TYPES = ("push_pop", "start_end")
 
 
+def nvtx_type_names(x: NsysExport) -> dict[int, str]:
+    """eventType id -> nsysan's name for it, from ENUM_NSYS_EVENT_TYPE where the export has it."""
+    enum = x.enum("ENUM_NSYS_EVENT_TYPE")
+    names = dict(_NVTX_TYPES)
+    names.update({int(i): _NVTX_TYPE_NAMES.get(str(n), str(n)) for i, n in zip(enum["id"], enum["name"])})
+    return names
+
+
+def nvtx_type_ids(x: NsysExport, *kinds: str) -> list[int]:
+    """The eventType ids of some NVTX kinds ("mark", "thread_name", "domain_create", ...)."""
+    return sorted(i for i, name in nvtx_type_names(x).items() if name in kinds)
+
+
 def read_nvtx(x: NsysExport) -> pd.DataFrame:
     """NVTX marks, ranges, domains and thread names, with the domain name on every row."""
     table = find_table(x, "nvtx")
@@ -205,13 +225,11 @@ def read_nvtx(x: NsysExport) -> pd.DataFrame:
         "float": "floatValue", "json": "jsonText",
     }  # fmt: skip
     df = _select(x, table, cols, required=("start_ns", "event_type"),
-                 ints=("start_ns", "end_ns", "domain_id", "category", "text_id"))  # fmt: skip
+                 ints=("pid", "tid", "start_ns", "end_ns", "event_type", "domain_id", "text_id", "category",
+                       "int64", "uint64", "int32", "uint32"))  # fmt: skip
     df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
 
-    enum = x.enum("ENUM_NSYS_EVENT_TYPE")
-    names = dict(_NVTX_TYPES)
-    names.update({int(i): _NVTX_TYPE_NAMES.get(str(n), str(n)) for i, n in zip(enum["id"], enum["name"])})
-    df["event_type"] = pd.Categorical(pd.to_numeric(df["event_type"]).map(names))
+    df["event_type"] = pd.Categorical(df["event_type"].map(nvtx_type_names(x)))
 
     if table and "textId" in x.columns(table):
         registered = pd.Series(x.resolve(df["text_id"]), index=df.index, dtype=object)
@@ -229,12 +247,19 @@ def read_nvtx(x: NsysExport) -> pd.DataFrame:
     df["domain"] = df["domain"].fillna("").astype("category")
     df["text"] = df["text"].astype("category")
 
-    ints = df[["int64", "uint64", "int32", "uint32"]].apply(pd.to_numeric, errors="coerce")
-    df["payload_int"] = ints.bfill(axis=1).iloc[:, 0].astype("Int64")
+    df["payload_int"] = _first_int(df, ("int64", "uint64", "int32", "uint32"))
     floats = df[["double", "float"]].apply(pd.to_numeric, errors="coerce")
     df["payload_float"] = floats.bfill(axis=1).iloc[:, 0].astype("float64")
     return df[["pid", "tid", "start_ns", "end_ns", "event_type", "domain", "text", "category",
                "payload_int", "payload_float", "json"]]  # fmt: skip
+
+
+def _first_int(df: pd.DataFrame, columns: tuple[str, ...]) -> pd.Series:
+    """The first non-NULL of several Int64 payload columns."""
+    out = df[columns[0]]
+    for column in columns[1:]:
+        out = out.fillna(df[column])
+    return out
 
 
 def read_overhead(x: NsysExport) -> pd.DataFrame:
@@ -247,8 +272,7 @@ def read_overhead(x: NsysExport) -> pd.DataFrame:
     for role in ("cupti_overhead", "profiler_overhead"):
         table = find_table(x, role)
         df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
-        if table:
-            _resolve(df, x, "name")
+        _resolve(df, x, "name")
         df["overhead_type"] = _label_enum(x, "ENUM_CUPTI_OVERHEAD_TYPE", df["overhead_type"], {})
         df["source"] = table or ""
         parts.append(df)
@@ -293,8 +317,7 @@ def read_graph_nodes(x: NsysExport) -> pd.DataFrame:
     }  # fmt: skip
     df = _select(x, table, cols, required=("graph_node_id",), ints=tuple(cols))
     df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    if table:
-        _resolve(df, x, "name")
+    _resolve(df, x, "name")
     return df
 
 
@@ -322,8 +345,7 @@ def read_threads(x: NsysExport) -> pd.DataFrame:
     table = find_table(x, "threads")
     df = _select(x, table, {"pid": "globalTid", "tid": "globalTid", "name": "nameId"}, ints=("pid", "tid", "name"))
     df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    if table:
-        _resolve(df, x, "name")
+    _resolve(df, x, "name")
     return df
 
 
@@ -350,7 +372,12 @@ def concat_frames(parts: list[pd.DataFrame]) -> pd.DataFrame:
     cat_cols = [c for c in columns if any(isinstance(p[c].dtype, pd.CategoricalDtype) for p in non_empty)]
     combined = pd.concat([p.drop(columns=cat_cols) for p in non_empty], ignore_index=True)
     for c in cat_cols:
-        arrays = [p[c].array if isinstance(p[c].dtype, pd.CategoricalDtype) else pd.Categorical(p[c].astype(object))
-                  for p in non_empty]
+        arrays = [_string_categorical(p[c]) for p in non_empty]
         combined[c] = pd.api.types.union_categoricals(arrays, ignore_order=True)
     return combined[columns]
+
+
+def _string_categorical(col: pd.Series) -> pd.Categorical:
+    """A categorical with string categories, whatever the column held (union needs one dtype)."""
+    cat = col.array if isinstance(col.dtype, pd.CategoricalDtype) else pd.Categorical(col.astype(object))
+    return pd.Categorical.from_codes(cat.codes, categories=pd.Index(cat.categories.astype(str)))

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from nsysan.ingest.export import NsysExport
-from nsysan.ingest.frames import decode_pid
+from nsysan.ingest.frames import decode_pid, nvtx_type_ids, read_processes
 from nsysan.ingest.tables import find_table
 
 RANK_COLUMNS = ("export", "pid", "process", "rank", "local_rank", "world_size", "rank_source")
@@ -50,7 +50,7 @@ def active_pids(x: NsysExport) -> np.ndarray:
             continue
         where = ""
         if role == "nvtx":  # domain bookkeeping alone does not make a process interesting
-            skip = _nvtx_type_ids(x, "NvtxDomainCreate", "NvtxDomainDestroy") or [75, 76]
+            skip = nvtx_type_ids(x, "domain_create", "domain_destroy")
             where = f" WHERE eventType NOT IN ({', '.join(map(str, skip))})"
         df = x.query(f"SELECT DISTINCT {column} AS g FROM {table}{where}")
         pids.update(int(p) for p in decode_pid(df["g"]))
@@ -58,17 +58,12 @@ def active_pids(x: NsysExport) -> np.ndarray:
     return np.array(sorted(pids), dtype=np.int64)
 
 
-def _nvtx_type_ids(x: NsysExport, *names: str) -> list[int]:
-    enum = x.enum("ENUM_NSYS_EVENT_TYPE")
-    return [int(i) for i, n in zip(enum["id"], enum["name"]) if n in names]
-
-
 def _nvtx_hints(x: NsysExport) -> pd.DataFrame:
-    """(pid, text) of NVTX marks and thread names: where ranks are announced."""
+    """(pid, text) of NVTX marks and thread names, in time order: where ranks are announced."""
     table = find_table(x, "nvtx")
     if table is None:
-        return pd.DataFrame({"pid": [], "text": []})
-    ids = _nvtx_type_ids(x, "NvtxMark", "NvtxThread") or [34, 39]
+        return pd.DataFrame({"pid": pd.Series(dtype="int64"), "text": pd.Series(dtype=object)})
+    ids = nvtx_type_ids(x, "mark", "thread_name")
     cols = x.columns(table)
     text = "COALESCE(n.text, s.value)" if "textId" in cols else "n.text"
     join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
@@ -99,11 +94,8 @@ def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
         pids = active_pids(x)
         if not len(pids):
             continue
-        names = {}
-        table = find_table(x, "processes")
-        if table:
-            procs = x.query(f"SELECT pid, name FROM {table}")
-            names = dict(zip(procs["pid"].astype("int64"), procs["name"].astype(str)))
+        procs = read_processes(x).dropna(subset=["pid"])
+        names = dict(zip(procs["pid"].astype("int64"), procs["name"].astype(str)))
         hints = _nvtx_hints(x)
         texts = hints["text"].astype(str)
         hints = hints.assign(

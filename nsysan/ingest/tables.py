@@ -34,7 +34,6 @@ ROLES: dict[str, TableRole] = {
         _role("runtime", ("CUPTI_ACTIVITY_KIND_RUNTIME",), "start end globalTid correlationId nameId"),
         _role("driver", ("CUPTI_ACTIVITY_KIND_DRIVER",), "start end globalTid correlationId nameId"),
         _role("nvtx", ("NVTX_EVENTS",), "start end eventType globalTid"),
-        _role("osrt", ("OSRT_API",), "start end globalTid nameId"),
         # Newer exports: CUPTI overhead records carry overheadType -> ENUM_CUPTI_OVERHEAD_TYPE.
         _role(
             "cupti_overhead",
@@ -59,7 +58,6 @@ ROLES: dict[str, TableRole] = {
         _role("processes", ("PROCESSES",), "globalPid pid name"),
         _role("threads", ("ThreadNames",), "globalTid nameId"),
         _role("gpus", ("TARGET_INFO_GPU",), "id name"),
-        _role("cuda_devices", ("TARGET_INFO_CUDA_DEVICE",), "gpuId cudaId pid"),
     )
 }
 

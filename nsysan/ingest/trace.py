@@ -47,7 +47,7 @@ from nsysan.ingest import frames
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.nccl import NCCL_COLUMNS, classify_kernels
 from nsysan.ingest.ranks import identify_ranks
-from nsysan.ingest.tables import CUDA_ROLES, find_table
+from nsysan.ingest.tables import find_table
 
 EXPORT_SUFFIXES = (".sqlite", ".db", ".sqlite3")
 
@@ -67,7 +67,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
             matched = sorted(Path(p) for p in glob.glob(text))
             if not matched:
                 raise InputError(f"{text}: pattern matches no files")
-            paths.extend(matched)
+            paths.extend(expand_inputs(matched))
         else:
             paths.append(path)
     seen: set[Path] = set()
@@ -105,7 +105,7 @@ class Trace:
                 nsys_version=x.meta.nsys_version,
                 schema_version=x.meta.schema_version,
                 session_start_utc_ns=x.meta.session_start_utc_ns,
-                has_cuda_data=has_cuda_data(x),
+                has_cuda_data=x.has_cuda_data,
             )
             for i, x in enumerate(exports)
         ]
@@ -257,11 +257,6 @@ def _process_key(export: pd.Series, pid: pd.Series) -> np.ndarray:
     return export.to_numpy(dtype=np.int64) << 32 | pid.to_numpy(dtype=np.int64)
 
 
-def has_cuda_data(x: NsysExport) -> bool:
-    """Whether any CUDA activity table of the export holds rows (lazy=false exports hold empty ones)."""
-    return any(x.has_rows(find_table(x, role)) for role in CUDA_ROLES)
-
-
 def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
     """Open every export named by ``inputs`` (files, directories, globs) as one Trace.
 
@@ -273,7 +268,7 @@ def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
         for path in expand_inputs(inputs):
             x = NsysExport(path)
             exports.append(x)
-            if not has_cuda_data(x) and not x.has_rows(find_table(x, "nvtx")):
+            if not x.has_cuda_data and not x.has_rows(find_table(x, "nvtx")):
                 raise InputError(
                     f"{path}: nsys export has no CUDA activity and no NVTX events, nothing to analyse "
                     f"(nsys {x.meta.nsys_version or 'version unknown'}); capture with "

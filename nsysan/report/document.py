@@ -1,4 +1,4 @@
-"""The report document: the findings contract of DESIGN.md plus the overview figures.
+"""The report document: the findings contract (docs/report.md) plus the overview figures.
 
 Renderers only format this dict, so a saved JSON report re-renders without the trace.
 """

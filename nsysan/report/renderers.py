@@ -6,12 +6,12 @@ import html
 import io
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table as RichTable
+from rich.text import Text
 
 from nsysan.report.sections import finding_lines, tables
 
@@ -87,31 +87,38 @@ def render_html(doc: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_terminal(doc: dict[str, Any], width: int | None = None, color: bool | None = None) -> str:
-    if width is None:  # a terminal's own width; files and pipes get room for long kernel names
-        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else 160
+def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = False) -> str:
+    """Rich tables as text. ``width=None`` takes the terminal's; ``color`` adds ANSI styles.
+
+    Every string from the trace goes in as a ``Text`` (never parsed as Rich markup), so a range
+    called ``[rank0] fwd`` prints as written.
+    """
+    if width is None:
+        width = shutil.get_terminal_size().columns
     buf = io.StringIO()
-    console = Console(file=buf, width=width, force_terminal=color, no_color=color is False, highlight=False)
-    console.rule(f"nsysan report · {_headline(doc)}")
+    console = Console(file=buf, width=width, force_terminal=color, no_color=not color, highlight=False)
+    console.rule(Text(f"nsysan report · {_headline(doc)}"))
     styles = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
     for f in doc["findings"]:
-        console.print(f"[{styles[f['severity']]}][{f['severity']}][/] [bold]{f['title']}[/]", markup=True)
+        line = Text(f"[{f['severity']}] ", style=styles[f["severity"]])
+        line.append(f["title"], style="bold")
+        console.print(line)
         for label, text in finding_lines(f):
-            console.print(f"  {label}: {text}", markup=False)
+            console.print(Text(f"  {label}: {text}"))
     for t in tables(doc):
         if not t.rows:
-            console.print(f"[bold]{t.title}[/]: {t.empty}")
+            console.print(Text(f"{t.title}: {t.empty}", style="bold"))
             continue
-        table = RichTable(title=t.title, title_justify="left", title_style="bold")
+        table = RichTable(title=Text(t.title), title_justify="left", title_style="bold")
         for h in t.headers:
-            table.add_column(h, overflow="fold")
+            table.add_column(Text(h), overflow="fold")
         for row in t.rows:
-            table.add_row(*row)
+            table.add_row(*(Text(cell) for cell in row))
         console.print(table)
     notes = doc["summary"]["limitations"]
-    console.print("[bold]What this capture cannot show[/]" + ("" if notes else ": nothing noted"))
+    console.print(Text("What this capture cannot show" + ("" if notes else ": nothing noted"), style="bold"))
     for note in notes:
-        console.print(f"  - {note}", markup=False)
+        console.print(Text(f"  - {note}"))
     return buf.getvalue()
 
 
