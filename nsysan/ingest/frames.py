@@ -80,6 +80,9 @@ def _as_int(col: pd.Series, present: bool) -> pd.Series:
     (a REAL or text value where nsys's DDL says INTEGER)."""
     if not present:
         return col.astype("Int64")
+    if col.dtype == np.int64:  # the common case: no copy unless the sentinel is there
+        missing = col.to_numpy() == _NULL_INT
+        return col.astype("Int64").mask(missing) if missing.any() else col
     if col.dtype.kind not in "iu":
         col = pd.to_numeric(col, errors="coerce")
         whole = col.notna() & (col % 1 == 0) & (col.abs() < 2.0**63)
