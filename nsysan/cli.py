@@ -69,6 +69,15 @@ def report(
         Optional[Path],
         typer.Option("--output", "-o", help="Write the report to this file instead of standard output."),
     ] = None,
+    settings: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--set",
+            metavar="KIND.PARAM=VALUE",
+            help="Override a detector threshold, e.g. --set comm_compute_slowdown.min_ratio=1.3 "
+            "(repeatable; `nsysan detectors` lists them).",
+        ),
+    ] = None,
     fail_on: Annotated[
         Optional[FailOn],
         typer.Option(
@@ -81,15 +90,17 @@ def report(
 
     Example: nsysan report fixtures/samples/allreduce-2rank.sqlite --format markdown -o report.md
     """
+    from nsysan.detect import parse_settings
     from nsysan.findings import Severity
     from nsysan.ingest import expand_inputs, load_trace
     from nsysan.report import analyse
     from nsysan.report.renderers import RENDERERS, render_terminal
 
+    overrides = parse_settings(settings or [])
     if output is not None and output.resolve() in {p.resolve() for p in expand_inputs(traces)}:
         raise InputError(f"{output}: is one of the input traces; choose another --output file")
     with load_trace(traces) as trace:
-        doc = analyse(trace)
+        doc = analyse(trace, overrides)
     if output_format.value == "terminal":
         interactive = output is None and sys.stdout.isatty()
         text = render_terminal(doc, width=None if interactive else 160, color=interactive)
@@ -107,6 +118,27 @@ def report(
         matched = sum(Severity(f["severity"]).rank >= threshold for f in doc["findings"])
         if matched:
             raise GateFailed(f"{matched} finding(s) at {fail_on.value} or worse")
+
+
+@app.command()
+def detectors() -> None:
+    """List the detectors and their parameters (defaults; change them with `report --set`)."""
+    import dataclasses
+
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from nsysan.detect import registered
+
+    table = Table(title=Text("Detectors"), title_justify="left")
+    for column in ("parameter", "default", "meaning"):
+        table.add_column(column, overflow="fold")
+    for kind, spec in registered().items():
+        table.add_row(Text(kind, style="bold"), Text(""), Text(spec.summary))
+        for f in dataclasses.fields(spec.params):
+            table.add_row(Text(f"{kind}.{f.name}"), Text(str(f.default)), Text(f.metadata.get("help", "")))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
 def main() -> None:

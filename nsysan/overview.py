@@ -11,6 +11,7 @@ import pandas as pd
 
 from nsysan.ingest.frames import NVTX_RANGE_TYPES
 from nsysan.ingest.trace import Trace
+from nsysan.intervals import union_ns
 
 TOP_N = 15
 PEER_TO_PEER = "Peer-to-Peer"
@@ -34,21 +35,6 @@ class Overview:
     nvtx_ranges: pd.DataFrame
     ranks: pd.DataFrame
     limitations: list[str] = field(default_factory=list)
-
-
-def union_ns(intervals: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """Length of the union of [start_ns, end_ns) intervals per group: time something was running."""
-    if intervals.empty:
-        return pd.Series(dtype="int64")
-    d = intervals[[*keys, "start_ns", "end_ns"]].sort_values([*keys, "start_ns"], kind="stable")
-    group = [d[k] for k in keys]
-    reach = d.groupby(group, sort=False)["end_ns"].cummax()
-    previous = reach.groupby(group, sort=False).shift()
-    segment = (previous.isna() | (d["start_ns"] > previous)).cumsum()
-    segs = d.assign(segment=segment).groupby("segment").agg(
-        **{k: (k, "first") for k in keys}, start_ns=("start_ns", "min"), end_ns=("end_ns", "max")
-    )
-    return (segs["end_ns"] - segs["start_ns"]).groupby([segs[k] for k in keys]).sum()
 
 
 def _gpu_activity(trace: Trace) -> pd.DataFrame:

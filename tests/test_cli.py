@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fixtures.samples import SAMPLES_DIR, sample_paths
-from nsysan import __version__, detect
+from nsysan import __version__
 from nsysan.cli import app
+from nsysan.detect import registry
 from nsysan.findings import Finding, Severity
 
 SAMPLE = str(sample_paths("allreduce-2rank")[0])
@@ -83,7 +84,8 @@ def _fake(severity: Severity):
      (Severity.INFO, "warning", 0)],
 )  # fmt: skip
 def test_fail_on_gates_on_severity(monkeypatch, severity, fail_on, code):
-    monkeypatch.setitem(detect._REGISTRY, "fake", _fake(severity))
+    spec = registry.DetectorSpec("fake", lambda trace, params: _fake(severity)(trace), dict, "fake")
+    monkeypatch.setattr(registry, "_REGISTRY", {"fake": spec})
     result = runner.invoke(app, ["report", SAMPLE, "-f", "json", "--fail-on", fail_on])
     assert result.exit_code == (0 if code == 0 else 1)  # in-process, GateFailed propagates; main() maps it
     if code:
@@ -99,9 +101,11 @@ def test_fail_on_gates_on_severity(monkeypatch, severity, fail_on, code):
 def test_fail_on_exit_code_from_the_real_command(tmp_path):
     plugin = tmp_path / "sitecustomize.py"
     plugin.write_text(
+        "from dataclasses import dataclass\n"
         "from nsysan import detect\nfrom nsysan.findings import Finding, Severity\n"
-        "@detect.register('fake')\n"
-        "def fake(trace):\n"
+        "@dataclass(frozen=True)\nclass P:\n    pass\n"
+        "@detect.register('fake', P)\n"
+        "def fake(trace, params):\n"
         "    return [Finding(kind='command_buffer_full', severity=Severity.CRITICAL, title='t', advice='a',"
         " start_ns=0, end_ns=1, impact_ns=1)]\n"
     )

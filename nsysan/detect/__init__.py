@@ -1,31 +1,14 @@
-"""Detectors: pure functions from a Trace to Findings, registered by kind.
+"""Detectors: pure functions from a Trace to Findings, one module per finding kind.
 
-Built-in detectors register through the same :func:`register` an outside detector would use.
+Importing this package registers the built-in detectors, through the same
+:func:`~nsysan.detect.registry.register` an outside detector would use.
 """
 
-from __future__ import annotations
+from nsysan.detect.registry import DetectorSpec, parse_settings, register, registered, run_detectors
 
-from collections.abc import Callable
+BUILTIN = ("nccl_ordering_stall", "graph_allreduce_gap", "comm_compute_slowdown", "command_buffer_full")
 
-from nsysan.findings import Finding
-from nsysan.ingest.trace import Trace
+for _kind in BUILTIN:
+    __import__(f"nsysan.detect.{_kind}")
 
-Detector = Callable[[Trace], list[Finding]]
-
-_REGISTRY: dict[str, Detector] = {}
-
-
-def register(kind: str) -> Callable[[Detector], Detector]:
-    """Decorator: make ``detector`` run for every report under finding kind ``kind``."""
-
-    def add(detector: Detector) -> Detector:
-        _REGISTRY[kind] = detector
-        return detector
-
-    return add
-
-
-def run_detectors(trace: Trace) -> list[Finding]:
-    """Every registered detector's findings, worst first."""
-    findings = [f for detector in _REGISTRY.values() for f in detector(trace)]
-    return sorted(findings, key=lambda f: (-f.severity.rank, -f.impact_ns, f.start_ns))
+__all__ = ["BUILTIN", "DetectorSpec", "parse_settings", "register", "registered", "run_detectors"]

@@ -55,8 +55,10 @@ def _select(
     """
     have = set(x.columns(table)) if table else set()
     present = {out: src for out, src in columns.items() if src in have}
-    if table is None or not present or any(columns[r] not in have for r in required):
-        df = pd.DataFrame({out: pd.Series(dtype="object") for out in columns})
+    if table is None or any(columns[r] not in have for r in required) or not present:
+        # absent table: no rows; table present without any wanted column: NA on every row
+        rows = 0 if table is None or any(columns[r] not in have for r in required) else x.count(table)
+        df = pd.DataFrame({out: pd.Series([pd.NA] * rows, dtype="object") for out in columns})
         for out in ints:
             df[out] = df[out].astype("Int64")
         return df

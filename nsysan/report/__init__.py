@@ -11,9 +11,12 @@ from nsysan.report.document import build_document
 from nsysan.report.renderers import FORMATS, RENDERERS
 
 
-def analyse(trace: Trace) -> dict[str, Any]:
-    """Ingest -> detect -> document: what ``nsysan report`` and the web UI both call."""
-    return build_document(build_overview(trace), run_detectors(trace))
+def analyse(trace: Trace, settings: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    """Ingest -> detect -> document: what ``nsysan report`` and the web UI both call.
+
+    ``settings`` overrides detector parameters: {kind: {param: value}}.
+    """
+    return build_document(build_overview(trace), run_detectors(trace, settings))
 
 
 __all__ = ["FORMATS", "RENDERERS", "analyse", "build_document"]

@@ -1,0 +1,78 @@
+"""The detector registry: each detector is a pure function of a Trace plus a parameters dataclass.
+
+Built-in detectors register through the same :func:`register` an outside detector would use.
+Parameters are dataclass fields with defaults and a ``help`` text; ``nsysan report --set
+KIND.PARAM=VALUE`` overrides them, and ``nsysan detectors`` lists them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from nsysan.errors import InputError
+from nsysan.findings import Finding
+from nsysan.ingest.trace import Trace
+
+
+@dataclass(frozen=True)
+class DetectorSpec:
+    kind: str
+    run: Callable[[Trace, Any], list[Finding]]
+    params: type
+    summary: str
+
+
+_REGISTRY: dict[str, DetectorSpec] = {}
+
+
+def param(default: float, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
+    """A detector parameter: its default and what it controls (shown by ``nsysan detectors``)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def register(kind: str, params: type) -> Callable[[Callable[[Trace, Any], list[Finding]]], Callable[[Trace, Any], list[Finding]]]:
+    """Decorator: run ``detector(trace, params)`` in every report as finding kind ``kind``."""
+
+    def add(detector: Callable[[Trace, Any], list[Finding]]) -> Callable[[Trace, Any], list[Finding]]:
+        summary = (detector.__doc__ or kind).strip().splitlines()[0]
+        _REGISTRY[kind] = DetectorSpec(kind, detector, params, summary)
+        return detector
+
+    return add
+
+
+def registered() -> dict[str, DetectorSpec]:
+    return dict(_REGISTRY)
+
+
+def parse_settings(items: Iterable[str]) -> dict[str, dict[str, float]]:
+    """``["kind.param=value", ...]`` to {kind: {param: value}}, checked against the registry."""
+    settings: dict[str, dict[str, float]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        kind, dot, name = key.strip().partition(".")
+        if not sep or not dot:
+            raise InputError(f"--set {item!r}: expected KIND.PARAM=VALUE, e.g. comm_compute_slowdown.min_ratio=1.3")
+        spec = _REGISTRY.get(kind)
+        if spec is None:
+            raise InputError(f"--set {item!r}: no detector {kind!r}; known: {', '.join(sorted(_REGISTRY))}")
+        fields = {f.name: f for f in dataclasses.fields(spec.params)}
+        if name not in fields:
+            raise InputError(f"--set {item!r}: {kind} has no parameter {name!r}; known: {', '.join(fields)}")
+        try:
+            settings.setdefault(kind, {})[name] = type(fields[name].default)(float(value))
+        except ValueError:
+            raise InputError(f"--set {item!r}: {value!r} is not a number") from None
+    return settings
+
+
+def run_detectors(trace: Trace, settings: dict[str, dict[str, float]] | None = None) -> list[Finding]:
+    """Every registered detector's findings, worst first."""
+    settings = settings or {}
+    findings = [
+        f for spec in _REGISTRY.values() for f in spec.run(trace, spec.params(**settings.get(spec.kind, {})))
+    ]
+    return sorted(findings, key=lambda f: (-f.severity.rank, -f.impact_ns, f.start_ns))

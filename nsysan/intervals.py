@@ -1,0 +1,50 @@
+"""Vectorised arithmetic on [start_ns, end_ns) intervals, shared by the overview and detectors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def union_ns(intervals: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Length of the union of [start_ns, end_ns) intervals per group: time something was running."""
+    merged = merge(intervals, keys)
+    if merged.empty:
+        return pd.Series(dtype="int64")
+    return (merged["end_ns"] - merged["start_ns"]).groupby([merged[k] for k in keys]).sum()
+
+
+def merge(intervals: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Overlapping intervals of each group merged into disjoint ones, sorted by start."""
+    columns = [*keys, "start_ns", "end_ns"]
+    if intervals.empty:
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
+    d = intervals[columns].sort_values([*keys, "start_ns"], kind="stable")
+    group = [d[k] for k in keys]
+    reach = d.groupby(group, sort=False)["end_ns"].cummax()
+    previous = reach.groupby(group, sort=False).shift()
+    segment = (previous.isna() | (d["start_ns"] > previous)).cumsum()
+    merged = d.assign(segment=segment).groupby("segment").agg(
+        **{k: (k, "first") for k in keys}, start_ns=("start_ns", "min"), end_ns=("end_ns", "max")
+    )
+    return merged.reset_index(drop=True)
+
+
+def covered_ns(starts: np.ndarray, ends: np.ndarray, merged: pd.DataFrame) -> np.ndarray:
+    """For each query [start, end), how much of it the disjoint sorted intervals ``merged`` cover.
+
+    Coverage up to time t is a running sum over the merged intervals, so each query costs two
+    binary searches: O((n + m) log m), no loop over rows.
+    """
+    if merged.empty or len(starts) == 0:
+        return np.zeros(len(starts), dtype=np.int64)
+    lo = merged["start_ns"].to_numpy(dtype=np.int64)
+    hi = merged["end_ns"].to_numpy(dtype=np.int64)
+    before = np.concatenate([[0], np.cumsum(hi - lo)])  # covered length of intervals [0, i)
+
+    def coverage(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(lo, t, side="right")  # intervals starting at or before t
+        partial = np.where(i > 0, np.clip(t - lo[np.maximum(i - 1, 0)], 0, hi[np.maximum(i - 1, 0)] - lo[np.maximum(i - 1, 0)]), 0)
+        return before[np.maximum(i - 1, 0)] * (i > 0) + partial
+
+    return coverage(np.asarray(ends, dtype=np.int64)) - coverage(np.asarray(starts, dtype=np.int64))
