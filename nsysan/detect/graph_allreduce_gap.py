@@ -138,7 +138,7 @@ def _graph_mode_findings(trace: Trace) -> list[Finding]:
     if launches.empty:
         return []
     findings = []
-    for (export, pid), g in launches.groupby(["export", "pid"]):
+    for (_export, pid), g in launches.groupby(["export", "pid"]):
         rank = g["rank"].dropna()
         findings.append(
             Finding(
