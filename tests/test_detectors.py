@@ -1,0 +1,135 @@
+"""Edge cases of each detector, threshold overrides, and the detector listing."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from fixtures.anomalies import scenario
+from fixtures.exporter import ExportWriter
+from fixtures.scenarios import JobSpec, write_job
+from nsysan.cli import app
+from nsysan.detect import parse_settings, registered, run_detectors
+from nsysan.errors import InputError
+from nsysan.ingest import load_trace
+
+
+def findings(paths, kind=None, **settings):
+    with load_trace(paths) as trace:
+        found = run_detectors(trace, {k: v for k, v in settings.items()})
+    return [f for f in found if kind is None or f.kind == kind]
+
+
+def test_one_rank_has_no_ordering_stall(tmp_path):
+    paths, _ = write_job(JobSpec(ranks=1), tmp_path)
+    assert findings(paths, "nccl_ordering_stall") == []
+
+
+def test_missing_peer_files_do_not_invent_a_stall(tmp_path):
+    paths, truths = scenario("nccl_ordering_stall", 2, True, tmp_path, file_per_rank=True)
+    victim = truths[0].rank
+    # only the victim's own file: the late peer is not in the trace, so nobody can be blamed
+    assert findings([p for p in paths if p.name == f"rank{victim}.sqlite"], "nccl_ordering_stall") == []
+    assert findings(paths, "nccl_ordering_stall")  # with every file it is found
+
+
+def test_stall_names_the_late_peer_and_both_ops(tmp_path):
+    paths, truths = scenario("nccl_ordering_stall", 1, True, tmp_path)
+    found = findings(paths, "nccl_ordering_stall")
+    assert sorted(f.rank for f in found) == sorted(t.rank for t in truths)
+    f = found[0]
+    ev = f.evidence
+    assert ev["late_rank"] not in ev["blocked_op"]["participants"]
+    assert ev["blocking_op"]["waited_for_peer_ns"] >= 500_000
+    assert ev["blocked_op"]["ready_ns"] < ev["blocking_op"]["end_ns"] <= ev["blocked_op"]["start_ns"]
+    assert f"rank {ev['late_rank']}" in f.advice
+
+
+def test_single_kernel_instance_is_not_a_slowdown(tmp_path):
+    w = ExportWriter(tmp_path / "one.sqlite", "current")
+    w.process(5, "python3")
+    w.nvtx_mark(5, 5, 10, "nsysan rank=0")
+    w.runtime(5, 5, 100, 110, "cudaLaunchKernel", 1)
+    w.kernel(5, 0, 7, 200, 900_000, "ampere_sgemm_128x64_tn", correlation=1)
+    w.runtime(5, 5, 120, 130, "cudaLaunchKernel", 2)
+    w.kernel(5, 0, 13, 300, 800_000, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", correlation=2)
+    w.close()
+    assert findings([tmp_path / "one.sqlite"]) == []
+
+
+def test_compute_on_overlapping_streams_without_communication_is_not_a_slowdown(tmp_path):
+    paths, _ = scenario("comm_compute_slowdown", 0, True, tmp_path / "a")
+    for p in paths:  # remove all communication: what is left is compute overlapping compute
+        con = sqlite3.connect(p)
+        con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE streamId = 13")
+        con.execute("DROP TABLE IF EXISTS CUPTI_ACTIVITY_KIND_MEMCPY")
+        con.commit()
+        con.close()
+    assert findings(paths) == []
+
+
+def test_no_overhead_rows_no_command_buffer_finding(tmp_path):
+    paths, _ = write_job(JobSpec(ranks=2), tmp_path)
+    assert findings(paths, "command_buffer_full") == []
+
+
+def test_command_buffer_full_evidence(tmp_path):
+    paths, truths = scenario("command_buffer_full", 5, True, tmp_path, flavour="current")
+    found = findings(paths, "command_buffer_full")
+    assert len(found) == len(truths)
+    f = found[0]
+    ev = f.evidence
+    assert ev["overhead_table"] == "CUPTI_ACTIVITY_KIND_OVERHEAD"
+    assert ev["launch_calls"] > 50 and ev["kernels_queued"][0]["kernel"] == "vectorized_elementwise_kernel"
+    assert ev["gpu_busy_pct"] > 80 and "CUDA_SCALE_LAUNCH_QUEUES" in f.advice
+    assert f.impact_ns == ev["blocked_ns"] <= f.end_ns - f.start_ns
+
+
+def test_graph_mode_capture_gives_an_info_finding(tmp_path):
+    paths, _ = write_job(JobSpec(graph="graph"), tmp_path)
+    found = findings(paths, "graph_allreduce_gap")
+    assert [(f.severity.value, f.impact_ns) for f in found] == [("info", 0), ("info", 0)]
+    assert "--cuda-graph-trace=node" in found[0].advice
+
+
+@pytest.mark.parametrize("flavour", ["2022.4", "current"])
+def test_graph_gap_in_both_graph_table_layouts(tmp_path, flavour):
+    paths, truths = scenario("graph_allreduce_gap", 3, True, tmp_path, flavour=flavour)
+    found = findings(paths, "graph_allreduce_gap")
+    assert {f.rank for f in found} == {t.rank for t in truths}
+    assert all(f.evidence["event_nodes"] == 2 for f in found)
+    assert "NCCL_GRAPH_MIXING_SUPPORT=0" in found[0].advice
+
+
+def test_settings_change_the_verdict(tmp_path):
+    paths, _ = scenario("comm_compute_slowdown", 1, True, tmp_path)
+    assert findings(paths, "comm_compute_slowdown")
+    assert findings(paths, "comm_compute_slowdown", comm_compute_slowdown={"min_ratio": 5.0}) == []
+
+
+def test_parse_settings():
+    assert parse_settings(["comm_compute_slowdown.min_samples=7", "graph_allreduce_gap.min_ratio=1.5"]) == {
+        "comm_compute_slowdown": {"min_samples": 7}, "graph_allreduce_gap": {"min_ratio": 1.5}}  # fmt: skip
+    for bad in ("nope.x=1", "comm_compute_slowdown.nope=1", "comm_compute_slowdown.min_ratio=abc", "min_ratio=1"):
+        with pytest.raises(InputError):
+            parse_settings([bad])
+
+
+def test_bad_setting_is_one_line_exit_2(tmp_path):
+    paths, _ = write_job(JobSpec(ranks=1), tmp_path)
+    r = subprocess.run([sys.executable, "-m", "nsysan", "report", str(paths[0]), "--set", "comm_compute_slowdown.nope=1"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no parameter 'nope'" in r.stderr
+
+
+def test_detectors_command_lists_every_parameter():
+    out = CliRunner().invoke(app, ["detectors"]).output
+    import dataclasses
+
+    for kind, spec in registered().items():
+        for f in dataclasses.fields(spec.params):
+            assert f"{kind}.{f.name}" in out
