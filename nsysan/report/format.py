@@ -16,6 +16,11 @@ def duration(ns: Any) -> str:
     return f"{ns:.0f} ns"
 
 
+def timestamp(ns: Any) -> str:
+    """A trace timestamp the way the nsys timeline shows it: seconds since the session started."""
+    return "-" if ns is None else f"{int(ns) / 1e9:.6f} s"
+
+
 def size(n: Any) -> str:
     if n is None or n == "unknown":
         return "unknown"

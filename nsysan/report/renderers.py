@@ -99,6 +99,8 @@ def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = 
     console = Console(file=buf, width=width, force_terminal=color, no_color=not color, highlight=False)
     console.rule(Text(f"nsysan report · {_headline(doc)}"))
     styles = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+    if doc["findings"]:
+        console.print(Text("Findings", style="bold"))
     for f in doc["findings"]:
         line = Text(f"[{f['severity']}] ", style=styles[f["severity"]])
         line.append(f["title"], style="bold")

@@ -63,16 +63,25 @@ def tables(doc: dict[str, Any]) -> list[Table]:
     ]
 
 
+def _value(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_value(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return "[" + ", ".join(f"({_value(v)})" if isinstance(v, dict) else _value(v) for v in value) + "]"
+    return "-" if value is None else str(value)
+
+
 def finding_lines(finding: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, text) pairs describing one finding."""
+    """(label, text) pairs describing one finding; evidence keys get a line each."""
     where = ", ".join(
         f"{k} {finding[k]}" for k in ("rank", "device", "pid") if finding.get(k) is not None
     )
-    evidence = "; ".join(f"{k}={v}" for k, v in finding.get("evidence", {}).items())
-    return [
+    start, end = finding["start_ns"], finding["end_ns"]
+    lines = [
         ("where", where or "-"),
-        ("window", f"{finding['start_ns']} .. {finding['end_ns']} ns"),
+        ("when", f"{fmt.timestamp(start)} to {fmt.timestamp(end)} ({fmt.duration(end - start)}, the export's clock)"),
         ("impact", fmt.duration(finding["impact_ns"])),
-        ("evidence", evidence or "-"),
-        ("fix", finding["advice"]),
     ]
+    lines += [(f"evidence.{k}", _value(v)) for k, v in finding.get("evidence", {}).items()]
+    lines.append(("fix", finding["advice"]))
+    return lines
