@@ -6,13 +6,14 @@ Builds (once, cached under .nsysan-work/) an export of a 8-rank data-parallel jo
 ``--kernels`` kernels, each with its launch call, plus NCCL NVTX ranges. Then, alternating the two
 in fresh processes so they share the machine's state, it times
 
-* report: load the trace, compute the overview and findings, render the terminal report
-  (the one-off cost of importing nsysan and pandas is printed apart);
-* raw:    a plain ``sqlite3`` loop over the same columns nsysan reads from the kernel and
-  runtime tables (the overview's kernel columns; the launch calls of NCCL kernels);
+* report: load the trace and compute the overview (ingest), run the four detectors, render the
+  terminal report, timed apart (the one-off import of nsysan and pandas is printed apart);
+* raw A:  a plain ``sqlite3`` loop over the columns the overview reads (its kernel columns and
+  the launch calls of NCCL kernels);
+* raw B:  the same over every kernel column the full report reads (overview + detectors);
 
-and prints the median of each, their ratio and each one's peak resident memory.
-Targets (issue 2): report <= 3x raw, report peak memory <= 1.5 GB.
+and prints medians and ratios. Targets: report without detectors <= 3x raw A, peak memory
+<= 1.5 GB, detectors <= 1x ingest.
 """
 
 from __future__ import annotations
@@ -31,18 +32,6 @@ sys.path.insert(0, str(REPO))
 from fixtures.exporter import ExportWriter  # noqa: E402
 
 WORK = REPO / ".nsysan-work"
-
-from nsysan.ingest.frames import KERNEL_SOURCES  # noqa: E402
-from nsysan.overview import KERNEL_COLUMNS  # noqa: E402
-
-# The raw scan reads exactly what nsysan report reads from the two big tables: the overview's
-# kernel columns, and the launch calls of NCCL kernels (for message sizes).
-RAW_KERNELS = ", ".join(KERNEL_SOURCES[c] for c in KERNEL_COLUMNS)
-RAW_LAUNCHES = (
-    "SELECT globalTid, correlationId, start, end, nameId, returnValue FROM CUPTI_ACTIVITY_KIND_RUNTIME "
-    "WHERE correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL "
-    "WHERE shortName IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%'))"
-)
 
 def build(path: Path, kernels: int) -> Path:
     if path.exists():
@@ -75,36 +64,66 @@ def build(path: Path, kernels: int) -> Path:
     return w.close()
 
 
+RAW_LAUNCHES = (
+    "SELECT globalTid, correlationId, start, end, nameId, returnValue FROM CUPTI_ACTIVITY_KIND_RUNTIME "
+    "WHERE correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL "
+    "WHERE shortName IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%'))"
+)
+
+# Prints the kernel SELECTs of the two raw scans: the overview's columns, and every kernel column
+# the full report (overview + detectors) reads. Run in its own process so that its memory does not
+# leak into the measured processes' peak RSS.
+_QUERIES = """
+import json, sys
+from nsysan.detect import run_detectors
+from nsysan.ingest import load_trace
+from nsysan.ingest.frames import KERNEL_SOURCES, source_sql
+from nsysan.overview import KERNEL_COLUMNS, build_overview
+
+def select(columns):
+    return "SELECT " + ", ".join(source_sql(KERNEL_SOURCES[c]) for c in columns) + " FROM CUPTI_ACTIVITY_KIND_KERNEL"
+
+with load_trace([sys.argv[1]]) as trace:
+    build_overview(trace)
+    run_detectors(trace)
+    print(json.dumps([select(KERNEL_COLUMNS), select(trace.kernel_columns_read)]))
+"""
+
 _REPORT = """
 import resource, sys, time
 t0 = time.perf_counter()
+from nsysan.detect import run_detectors
 from nsysan.ingest import load_trace
-from nsysan.report import RENDERERS, analyse
+from nsysan.overview import build_overview
+from nsysan.report import RENDERERS, build_document
 t1 = time.perf_counter()
 with load_trace([sys.argv[1]]) as trace:
-    doc = analyse(trace)
-text = RENDERERS["terminal"](doc)
-t2 = time.perf_counter()
-print(t2 - t1, t1 - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    overview = build_overview(trace)
+    t2 = time.perf_counter()
+    findings = run_detectors(trace)
+    t3 = time.perf_counter()
+text = RENDERERS["terminal"](build_document(overview, findings))
+t4 = time.perf_counter()
+print(t1 - t0, t2 - t1, t3 - t2, t4 - t3, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
-_RAW = f"""
+_RAW = """
 import resource, sqlite3, sys, time
 t0 = time.perf_counter()
-con = sqlite3.connect(f"file:{{sys.argv[1]}}?mode=ro", uri=True)
+con = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
 n = 0
-for _ in con.execute("SELECT {RAW_KERNELS} FROM CUPTI_ACTIVITY_KIND_KERNEL"):
-    n += 1
-for _ in con.execute("{RAW_LAUNCHES}"):
-    n += 1
-print(time.perf_counter() - t0, 0.0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+for sql in sys.argv[2:]:
+    for _ in con.execute(sql):
+        n += 1
+print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
-def run(code: str, path: Path) -> tuple[float, float, int]:
-    """Work seconds, import seconds and peak RSS bytes of one fresh process."""
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True, cwd=REPO)
-    work, imports, rss = out.stdout.split()
-    return float(work), float(imports), int(rss)
+
+def run(code: str, *args: str) -> list[float]:
+    """The numbers one fresh process prints."""
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True, cwd=REPO)
+    return [float(v) for v in out.stdout.split()]
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -117,28 +136,41 @@ def main() -> None:
     t0 = time.perf_counter()
     build(path, args.kernels)
     print(f"export: {path} ({path.stat().st_size / 2**20:.0f} MiB, built/cached in {time.perf_counter() - t0:.1f} s)")
+    out = subprocess.run([sys.executable, "-c", _QUERIES, str(path)], capture_output=True, text=True, check=True, cwd=REPO)
+    overview_sql, all_sql = json.loads(out.stdout)
+    print(f"raw scan A (what the overview reads): {overview_sql}; + NCCL launch calls")
+    print(f"raw scan B (what the full report reads): {all_sql}; + NCCL launch calls")
 
-    report, raw = [], []
-    for _ in range(args.repeat):
-        raw.append(run(_RAW, path))
-        report.append(run(_REPORT, path))
-    r_s = statistics.median(r[0] for r in report)
-    imports = statistics.median(r[1] for r in report)
-    w_s = statistics.median(r[0] for r in raw)
-    r_mem = max(r[2] for r in report)
-    w_mem = max(r[2] for r in raw)
+    raw_a, raw_b, report = [], [], []
+    for _ in range(args.repeat):  # interleaved, so the three share the machine's state
+        raw_a.append(run(_RAW, str(path), overview_sql, RAW_LAUNCHES))
+        raw_b.append(run(_RAW, str(path), all_sql, RAW_LAUNCHES))
+        report.append(run(_REPORT, str(path)))
+    med = statistics.median
+    a_s, b_s = med(r[0] for r in raw_a), med(r[0] for r in raw_b)
+    imports, ingest, detect, render = (med(r[i] for r in report) for i in range(4))
+    peak = max(r[4] for r in report)
+    without = ingest + render
     result = {
         "kernels": args.kernels, "repeat": args.repeat,
-        "report_s": round(r_s, 3), "imports_s": round(imports, 3), "raw_scan_s": round(w_s, 3),
-        "ratio": round(r_s / w_s, 2), "ratio_with_imports": round((r_s + imports) / w_s, 2),
-        "report_peak_mib": round(r_mem / 2**20), "raw_peak_mib": round(w_mem / 2**20),
+        "raw_a_s": round(a_s, 3), "raw_b_s": round(b_s, 3), "imports_s": round(imports, 3),
+        "ingest_overview_s": round(ingest, 3), "detectors_s": round(detect, 3), "render_s": round(render, 3),
+        "report_without_detectors_over_raw_a": round(without / a_s, 2),
+        "detectors_over_ingest": round(detect / ingest, 2),
+        "full_report_over_raw_b": round((without + detect) / b_s, 2),
+        "report_peak_mib": round(peak / 2**20), "raw_b_peak_mib": round(max(r[1] for r in raw_b) / 2**20),
     }  # fmt: skip
-    print(f"raw sqlite3 scan of the same columns : {w_s:6.2f} s   peak {w_mem / 2**20:6.0f} MiB")
-    print(f"nsysan report (ingest+detect+render) : {r_s:6.2f} s   peak {r_mem / 2**20:6.0f} MiB")
-    print(f"  + importing nsysan/pandas once      : {imports:6.2f} s")
-    print(f"ratio report/raw: {r_s / w_s:.2f}x, {(r_s + imports) / w_s:.2f}x with imports (target <= 3x); "
-          f"peak memory target <= 1536 MiB")  # fmt: skip
+    print(f"raw sqlite3 scan A                 : {a_s:6.2f} s")
+    print(f"raw sqlite3 scan B                 : {b_s:6.2f} s")
+    print(f"nsysan: import nsysan + pandas     : {imports:6.2f} s (once per process, not counted below)")
+    print(f"nsysan: ingest + overview          : {ingest:6.2f} s")
+    print(f"nsysan: the four detectors         : {detect:6.2f} s")
+    print(f"nsysan: render                     : {render:6.2f} s   peak memory {peak / 2**20:.0f} MiB (target <= 1536)")
+    print(f"report without detectors / raw A   : {without / a_s:.2f}x (target <= 3x)")
+    print(f"detectors / ingest                 : {detect / ingest:.2f}x (target <= 1x)")
+    print(f"full report / raw B                : {(without + detect) / b_s:.2f}x")
     print(json.dumps(result))
+
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,7 @@ Algorithm:
    copies, merged into disjoint intervals per (export, device).
 2. For every compute kernel, the share of its duration covered by communication (two binary
    searches per kernel). Covered >= ``overlap_share``: *overlapped*; covered 0: *clean*.
-3. Group compute kernels by (device, name, grid, block): the same work. A group is reported when
+3. Group compute kernels by (device, short name, grid, block): the same work. A group is reported when
    both sides have ``min_samples`` instances, the overlapped median is at least ``min_ratio`` x
    the clean median, and above the clean 90th percentile (so jitter does not count).
 4. Extra time = (overlapped median - clean median) x overlapped instances; the communication that
@@ -26,13 +26,13 @@ import pandas as pd
 from nsysan.detect.common import SeverityParams, run_ns, severity, share_text
 from nsysan.detect.registry import param, register
 from nsysan.findings import Finding
+from nsysan.ingest.frames import unpack_shape
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
 
 KIND = "comm_compute_slowdown"
 _COPY_KINDS = ("Peer-to-Peer", "Host-to-Device", "Device-to-Host")
-_COLUMNS = ("pid", "device", "start_ns", "end_ns", "short_name", "name",
-            "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z")  # fmt: skip
+_COLUMNS = ("pid", "device", "start_ns", "end_ns", "short_name", "grid", "block")
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     duration = (compute["end_ns"] - compute["start_ns"]).to_numpy()
     share = _coverage(compute, comm) / np.maximum(duration, 1)
     compute = compute.assign(dur=duration, overlapped=share >= p.overlap_share, clean=share == 0)
-    keys = ["export", "device", "short_name", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z"]
+    keys = ["export", "device", "short_name", "grid", "block"]
     groups = compute.groupby(keys, observed=True)
     stats = groups.apply(_group_stats, include_groups=False)
     if stats.empty:
@@ -92,7 +92,7 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     comm_by_device = {key: g for key, g in comm.groupby(["export", "device"])}
     findings = []
     for key, s in stats.iterrows():  # one iteration per slowed kernel group
-        export, device, name = key[0], key[1], key[2]
+        export, device, name, grid, block = key
         members = compute.iloc[groups.indices[key]]
         over = members[members["overlapped"]]
         what = _main_overlap(over, comm_by_device.get((export, device), comm.iloc[0:0]))
@@ -120,9 +120,9 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                 device=int(device),
                 pid=pid,
                 evidence={
-                    "kernel": str(members["name"].iloc[0]),
-                    "grid": [int(key[3]), int(key[4]), int(key[5])],
-                    "block": [int(key[6]), int(key[7]), int(key[8])],
+                    "kernel": str(name),
+                    "grid": unpack_shape(grid, block)[0],
+                    "block": unpack_shape(grid, block)[1],
                     "overlapped_instances": int(s["n_over"]),
                     "clean_instances": int(s["n_clean"]),
                     "median_overlapped_ns": round(float(s["med_over"])),

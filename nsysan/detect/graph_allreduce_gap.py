@@ -14,7 +14,7 @@ Algorithm:
    of the all-reduce minus end of the producer.
 3. Baseline: the median eager gap of the same (producer, all-reduce) pair on that device when
    the trace has at least ``min_samples`` of them, otherwise ``launch_floor_ns``.
-4. Per (process, device, graph): report when the median replay gap exceeds the baseline by
+4. Per (process, device, graph) (a graph: replays of the same nodes): report when the median replay gap exceeds the baseline by
    ``min_extra_ns`` and by a factor ``min_ratio``; impact is the summed excess over replays.
 5. A trace taken with ``--cuda-graph-trace=graph`` has no node kernels: one ``info`` finding per
    process says the gap cannot be measured.
@@ -34,7 +34,7 @@ from nsysan.ingest.trace import Trace
 
 KIND = "graph_allreduce_gap"
 _EVENT_NODES = r"EventRecord|WaitEvent|EventWait"
-_COLUMNS = ("pid", "device", "stream", "correlation_id", "start_ns", "end_ns", "short_name", "graph_node_id", "graph_id")
+_COLUMNS = ("pid", "device", "stream", "correlation_id", "start_ns", "end_ns", "short_name", "graph_node_id")
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,9 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
         return _graph_mode_findings(trace)
     is_ar = k["nccl_op"].astype(object).eq("AllReduce")
     k = k.assign(replay=k["correlation_id"].where(replayed))
-    graph_key = k["graph_id"].astype("Int64").fillna(-1)
-    k = k.assign(graph=graph_key)
+    # one graph = replays made of the same nodes: key them by their first node id
+    first_node = k[replayed].groupby(["export", "pid", "replay"])["graph_node_id"].transform("min")
+    k = k.assign(graph=first_node.reindex(k.index).astype("Int64").fillna(-1))
 
     graph_pairs = _gaps(k[replayed], k[replayed & is_ar], ["export", "pid", "device", "replay"])
     eager = k[~replayed]
@@ -116,7 +117,7 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                 pid=int(pid),
                 evidence={
                     "replays": len(g),
-                    "graph_id": None if graph == -1 else int(graph),
+                    "first_graph_node_id": int(graph),
                     "producer_kernel": str(producer),
                     "allreduce_kernel": str(g["short_name"].mode().iloc[0]),
                     "median_gap_ns": round(median_gap),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -40,24 +41,44 @@ def _ident(name: str) -> str:
 _NULL_INT = -(2**63)
 
 
+@dataclass(frozen=True)
+class Expr:
+    """A tidy column computed in SQL from source columns (all of ``needs`` must exist)."""
+
+    sql: str
+    needs: frozenset[str]
+
+
+Source = str | Expr
+
+
+def _available(src: Source, have: set[str]) -> bool:
+    return src.needs <= have if isinstance(src, Expr) else src in have
+
+
+def source_sql(src: Source) -> str:
+    return f"({src.sql})" if isinstance(src, Expr) else _ident(src)
+
+
 def _select(
     x: NsysExport,
     table: str | None,
-    columns: Mapping[str, str],
+    columns: Mapping[str, Source],
     required: tuple[str, ...] = (),
     ints: tuple[str, ...] = (),
     where: str = "",
     params: tuple[object, ...] = (),
 ) -> pd.DataFrame:
-    """SELECT ``columns`` (tidy name -> source column) that exist; absent optional ones become NA.
-
-    Columns named in ``ints`` come back int64, or nullable Int64 where some rows are NULL.
+    """SELECT ``columns`` (tidy name -> source column or expression) that exist; absent optional
+    ones become NA. Columns named in ``ints`` come back int64, or nullable Int64 where some rows
+    are NULL.
     """
     have = set(x.columns(table)) if table else set()
-    present = {out: src for out, src in columns.items() if src in have}
-    if table is None or any(columns[r] not in have for r in required) or not present:
+    present = {out: src for out, src in columns.items() if _available(src, have)}
+    missing_required = any(not _available(columns[r], have) for r in required)
+    if table is None or missing_required or not present:
         # absent table: no rows; table present without any wanted column: NA on every row
-        rows = 0 if table is None or any(columns[r] not in have for r in required) else x.count(table)
+        rows = 0 if table is None or missing_required else x.count(table)
         df = pd.DataFrame({out: pd.Series([pd.NA] * rows, dtype="object") for out in columns})
         for out in ints:
             df[out] = df[out].astype("Int64")
@@ -65,7 +86,7 @@ def _select(
     # Integer columns never come back with NULLs (pandas would turn them to float and round
     # large ids): NULL reads as a sentinel that becomes NA below.
     exprs = ", ".join(
-        f"IFNULL({_ident(src)}, {_NULL_INT}) AS {_ident(out)}" if out in ints else f"{_ident(src)} AS {_ident(out)}"
+        f"IFNULL({source_sql(src)}, {_NULL_INT}) AS {_ident(out)}" if out in ints else f"{source_sql(src)} AS {_ident(out)}"
         for out, src in present.items()
     )
     df = x.query(f"SELECT {exprs} FROM {table} {where}", params, integers=set(present) <= set(ints))
@@ -106,14 +127,26 @@ def _resolve(df: pd.DataFrame, x: NsysExport, out: str) -> None:
     df[out] = x.resolve(df[out])
 
 
-KERNEL_SOURCES = {
+# A kernel's launch shape packed into one int64 each, computed by SQLite: grouping "the same
+# kernel" by (name, grid, block) then reads two columns instead of six (see unpack_shape).
+_GRID = Expr("gridX * 4294967296 + gridY * 65536 + gridZ", frozenset({"gridX", "gridY", "gridZ"}))
+_BLOCK = Expr("blockX * 4194304 + blockY * 2048 + blockZ", frozenset({"blockX", "blockY", "blockZ"}))
+
+KERNEL_SOURCES: dict[str, Source] = {
     "pid": "globalPid", "device": "deviceId", "context": "contextId", "stream": "streamId",
     "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
     "name": "demangledName", "short_name": "shortName",
     "grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ",
     "block_x": "blockX", "block_y": "blockY", "block_z": "blockZ",
+    "grid": _GRID, "block": _BLOCK,
     "graph_node_id": "graphNodeId", "graph_id": "graphId",
 }  # fmt: skip
+
+
+def unpack_shape(grid: int, block: int) -> tuple[list[int], list[int]]:
+    """The packed ``grid`` and ``block`` columns back to [x, y, z] each."""
+    grid, block = int(grid), int(block)
+    return [grid >> 32, (grid >> 16) & 0xFFFF, grid & 0xFFFF], [block >> 22, (block >> 11) & 0x7FF, block & 0x7FF]
 
 
 def read_kernels(x: NsysExport, columns: Iterable[str] | None = None) -> pd.DataFrame:

@@ -145,6 +145,12 @@ class Trace:
         """Every kernel column; see :meth:`kernel_columns` to read only some."""
         return self.kernel_columns(frames.KERNEL_SOURCES)
 
+    @property
+    def kernel_columns_read(self) -> list[str]:
+        """The kernel columns read from the exports so far (for benchmarks and curiosity)."""
+        cache = self._kernel_cache
+        return [c for c in frames.KERNEL_SOURCES if cache is not None and c in cache]
+
     def kernel_columns(self, columns: Iterable[str]) -> pd.DataFrame:
         """Kernels with just ``columns`` (plus ``export``, and what derives from them: ``rank``
         from ``pid``, the NCCL columns from ``short_name``).
