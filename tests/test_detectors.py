@@ -133,3 +133,14 @@ def test_detectors_command_lists_every_parameter():
     for kind, spec in registered().items():
         for f in dataclasses.fields(spec.params):
             assert f"{kind}.{f.name}" in out
+
+
+def test_every_parameter_is_documented():
+    import dataclasses
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "detectors.md").read_text()
+    for kind, spec in registered().items():
+        assert f"## `{kind}`" in doc
+        for f in dataclasses.fields(spec.params):
+            assert f"`{f.name}`" in doc, f"{kind}.{f.name} is not in docs/detectors.md"
