@@ -121,6 +121,53 @@ def report(
 
 
 @app.command()
+def capture(
+    command: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="The job to run, after `--` (e.g. -- torchrun --nproc_per_node=8 train.py).", show_default=False),
+    ] = None,
+    output_dir: Annotated[
+        Path, typer.Option("--output-dir", "-d", help="Where run directories go; each run gets its own.")
+    ] = Path("nsysan-runs"),
+    nsys_options: Annotated[
+        Optional[list[str]],
+        typer.Option("--nsys", metavar="--OPTION=VALUE", help="An nsys profile option, overriding nsysan's default of the same name (repeatable), e.g. --nsys=--trace=nvtx,osrt."),
+    ] = None,
+    workload: Annotated[
+        Optional[str], typer.Option("--workload", "-w", help="Run a bundled workload instead of a command (see docs/capture.md).")
+    ] = None,
+    nproc: Annotated[int, typer.Option("--nproc", help="Processes (ranks) for --workload.")] = 2,
+    transport: Annotated[str, typer.Option("--transport", help="For --workload: nccl, gloo or p2p.")] = "gloo",
+) -> None:
+    """Run a job under nsys with the flags distributed users need; export to SQLite; write a manifest.
+
+    Example: nsysan capture -- torchrun --nproc_per_node=4 train.py
+    """
+    from nsysan.capture import capture as run_capture
+    from nsysan.capture import run_directory
+    from nsysan.workloads import WORKLOADS, torchrun_command
+
+    if workload is not None:
+        if command:
+            raise InputError("give either --workload or a command after `--`, not both")
+        if workload not in WORKLOADS:
+            raise InputError(f"unknown workload {workload!r}; bundled: {', '.join(WORKLOADS)}")
+        if transport not in WORKLOADS[workload][1]:
+            raise InputError(f"workload {workload} runs with --transport {' or '.join(WORKLOADS[workload][1])}")
+        command = torchrun_command(workload, nproc, transport)
+    name = workload or Path((command or ["run"])[0]).name
+    run_dir = run_directory(output_dir, name) if command else output_dir
+    manifest, run_dir = run_capture(
+        command or [], run_dir, nsys_options=nsys_options or [],
+        workload={"name": workload, "nproc": nproc, "transport": transport} if workload else None,
+    )  # fmt: skip
+    if "sqlite" in manifest.outputs:
+        typer.echo(f"nsysan: next: nsysan report {manifest.outputs['sqlite']}", err=True)
+    if manifest.exit_code:
+        sys.exit(manifest.exit_code)
+
+
+@app.command()
 def detectors() -> None:
     """List the detectors and their parameters (defaults; change them with `report --set`)."""
     import dataclasses

@@ -1,0 +1,41 @@
+"""The ``nsys profile`` command line nsysan runs: defaults distributed users need, user overrides.
+
+Pure functions, so the exact argv is testable without nsys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# What a distributed PyTorch capture needs, as --option=value pairs a user may override:
+DEFAULT_OPTIONS: dict[str, str] = {
+    "--trace": "cuda,nvtx,osrt",  # kernels/copies/API, NVTX (NCCL, PyTorch, nsysan), OS runtime
+    "--cuda-graph-trace": "node",  # kernels inside graph replays (graph_allreduce_gap needs them)
+    "--sample": "none",  # CPU sampling needs perf permissions containers rarely grant
+    "--cpuctxsw": "none",
+    "--export": "sqlite",  # what nsysan reads
+    "--force-overwrite": "true",
+}
+
+
+def split_option(arg: str) -> tuple[str, str | None]:
+    """'--trace=cuda' -> ('--trace', 'cuda'); '--stats' -> ('--stats', None)."""
+    name, sep, value = arg.partition("=")
+    return name, (value if sep else None)
+
+
+def nsys_argv(nsys: str, output: str, command: Sequence[str], overrides: Sequence[str] = ()) -> list[str]:
+    """``nsys profile`` argv: defaults, then the user's ``--option=value`` overrides (an override of
+    a default replaces it; anything else is appended as given), then the workload command."""
+    options = dict(DEFAULT_OPTIONS)
+    extra: list[str] = []
+    for arg in overrides:
+        name, value = split_option(arg)
+        if name in ("-o", "--output"):
+            raise ValueError("the output is set by nsysan capture (--output-dir)")
+        if name in options and value is not None:
+            options[name] = value
+        else:
+            extra.append(arg)
+    argv = [nsys, "profile", *(f"{k}={v}" for k, v in options.items()), *extra, f"--output={output}"]
+    return [*argv, *command]

@@ -1,0 +1,139 @@
+"""Run a command under ``nsys profile``, export it to SQLite, and write ``manifest.json``.
+
+One output directory per run holds ``report.nsys-rep``, ``report.sqlite`` and ``manifest.json``.
+The manifest is written before the workload starts (status ``running``) and rewritten at the
+end, so even a crashed capture says what it was. A failing workload keeps its partial report and
+its exit code; Ctrl-C lets nsys finish writing the report, then exits 130.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from nsysan import __version__
+from nsysan.capture.command import nsys_argv
+from nsysan.errors import InputError, NsysanError
+from nsysan.nsys import find_nsys, nsys_version
+
+HOOK_DIR = Path(__file__).parent / "hook"
+REPORT = "report"
+_ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "NSYSAN_", "OMP_", "PYTORCH_")
+_ENV_NAMES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NVIDIA_VISIBLE_DEVICES")
+
+
+class CaptureFailed(NsysanError):
+    """nsys itself failed (not the workload): no report to read."""
+
+    exit_code = 1
+
+
+@dataclass
+class Manifest:
+    nsysan_version: str
+    command: list[str]
+    nsys: str
+    nsys_version: str
+    nsys_argv: list[str]
+    hostname: str
+    environment: dict[str, str]
+    started_utc: str
+    status: str = "running"  # running | ok | workload failed | interrupted | nsys failed
+    finished_utc: str | None = None
+    duration_s: float | None = None
+    exit_code: int | None = None
+    outputs: dict[str, str] = field(default_factory=dict)
+    workload: dict[str, object] = field(default_factory=dict)
+
+    def write(self, directory: Path) -> Path:
+        path = directory / "manifest.json"
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+
+def _relevant_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in sorted(env.items()) if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_directory(root: Path, name: str) -> Path:
+    """A fresh directory for this run: ROOT/<utc time>-<name>."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = root / f"{stamp}-{name}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = root / f"{stamp}-{name}-{suffix}"
+    path.mkdir(parents=True)
+    return path
+
+
+def capture(
+    command: Sequence[str],
+    output_dir: Path,
+    *,
+    nsys_options: Sequence[str] = (),
+    workload: dict[str, object] | None = None,
+    say: Callable[[str], None] = lambda line: print(f"nsysan: {line}", file=sys.stderr, flush=True),
+) -> tuple[Manifest, Path]:
+    """Profile ``command``; return the manifest and the run directory. Never raises for a failing
+    workload (the manifest's exit code says so); raises CaptureFailed when nsys produced nothing."""
+    if not command:
+        raise InputError("no command to capture: give one after `--`, or --workload NAME")
+    nsys = find_nsys()
+    version = nsys_version(nsys)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    base = output_dir / REPORT
+    try:
+        argv = nsys_argv(str(nsys), str(base), command, nsys_options)
+    except ValueError as exc:
+        raise InputError(f"--nsys: {exc}") from None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    manifest = Manifest(
+        nsysan_version=__version__, command=list(command), nsys=str(nsys), nsys_version=version, nsys_argv=argv,
+        hostname=platform.node(), environment=_relevant_env(env), started_utc=_now(), workload=workload or {},
+    )  # fmt: skip
+    manifest.write(output_dir)
+    say(f"capturing with nsys {version} into {output_dir}")
+    start = time.monotonic()
+    interrupted = False
+    proc = subprocess.Popen(argv, env=env)
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except KeyboardInterrupt:  # the terminal sent SIGINT to nsys too: let it finish the report
+            if interrupted:
+                proc.send_signal(signal.SIGKILL)
+            interrupted = True
+            say("interrupted: waiting for nsys to finish the report (Ctrl-C again to abandon it)")
+    rep, sqlite = base.with_suffix(".nsys-rep"), base.with_suffix(".sqlite")
+    if rep.exists() and not sqlite.exists():
+        say("exporting to SQLite")
+        subprocess.run([str(nsys), "export", "--type=sqlite", f"--output={sqlite}", "--force-overwrite=true", str(rep)],
+                       check=False)  # fmt: skip
+    manifest.finished_utc = _now()
+    manifest.duration_s = round(time.monotonic() - start, 3)
+    manifest.exit_code = 130 if interrupted else code
+    manifest.outputs = {kind: str(p) for kind, p in (("nsys-rep", rep), ("sqlite", sqlite)) if p.exists()}
+    if not rep.exists():
+        manifest.status = "nsys failed"
+        manifest.write(output_dir)
+        raise CaptureFailed(f"nsys wrote no report (exit code {code}); see its messages above and {output_dir / 'manifest.json'}")
+    manifest.status = "interrupted" if interrupted else "ok" if code == 0 else "workload failed"
+    manifest.write(output_dir)
+    say(f"{manifest.status}: {sqlite if sqlite.exists() else rep} (exit code {manifest.exit_code})")
+    return manifest, output_dir

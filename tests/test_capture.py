@@ -1,0 +1,102 @@
+"""nsysan capture: the exact nsys command line, and real captures with Debian's nsys."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nsysan.capture import nsys_argv
+from nsysan.ingest import load_trace
+from tests.conftest import need
+
+
+def test_default_nsys_argv():
+    assert nsys_argv("nsys", "/runs/a/report", ["torchrun", "train.py"]) == [
+        "nsys", "profile", "--trace=cuda,nvtx,osrt", "--cuda-graph-trace=node", "--sample=none", "--cpuctxsw=none",
+        "--export=sqlite", "--force-overwrite=true", "--output=/runs/a/report", "torchrun", "train.py",
+    ]  # fmt: skip
+
+
+def test_user_options_override_defaults_and_extras_are_kept():
+    argv = nsys_argv("nsys", "out", ["python", "x.py"], ["--trace=nvtx,osrt", "--stats=true", "--delay=5"])
+    assert argv == ["nsys", "profile", "--trace=nvtx,osrt", "--cuda-graph-trace=node", "--sample=none",
+                    "--cpuctxsw=none", "--export=sqlite", "--force-overwrite=true", "--stats=true", "--delay=5",
+                    "--output=out", "python", "x.py"]  # fmt: skip
+
+
+def test_output_cannot_be_overridden():
+    with pytest.raises(ValueError):
+        nsys_argv("nsys", "out", ["python"], ["--output=elsewhere"])
+
+
+def nsysan(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nsysan", *args], capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_missing_nsys_is_one_line(tmp_path):
+    r = nsysan("capture", "-d", str(tmp_path), "--", "true", env={**os.environ, "NSYS": str(tmp_path / "no-nsys")})
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "install" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unknown_workload(tmp_path):
+    r = nsysan("capture", "-d", str(tmp_path), "--workload", "nope")
+    assert r.returncode == 2 and "unknown workload 'nope'" in r.stderr
+
+
+def _only_run(root: Path) -> Path:
+    (run,) = [p for p in root.iterdir() if p.is_dir()]
+    return run
+
+
+@pytest.mark.nsys
+def test_capture_pg_scaling_attributes_every_rank(nsys_bin, tmp_path):
+    need(__import__("importlib").util.find_spec("torch") is not None, "torch")
+    r = nsysan("capture", "-d", str(tmp_path), "--workload", "pg-scaling", "--nproc", "4", env={**os.environ, "NSYS": str(nsys_bin)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = _only_run(tmp_path)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["exit_code"] == 0
+    assert manifest["nsys_version"].startswith("2022.4") and "--cuda-graph-trace=node" in manifest["nsys_argv"]
+    assert manifest["workload"] == {"name": "pg-scaling", "nproc": 4, "transport": "gloo"}
+    assert set(manifest["outputs"]) == {"nsys-rep", "sqlite"}
+    with load_trace([run / "report.sqlite"]) as trace:
+        ranks = trace.ranks
+        nvtx = trace.nvtx
+    assert sorted(ranks["rank"]) == [0, 1, 2, 3] and set(ranks["rank_source"]) == {"nvtx"}
+    assert ranks["world_size"].tolist() == [4] * 4
+    ranges = nvtx[(nvtx["domain"] == "nsysan") & (nvtx["event_type"] == "push_pop")]
+    # 6 pair groups x 3 steps, each on both of its ranks
+    assert ranges["text"].astype(str).str.startswith("all_reduce pg").sum() == 6 * 3 * 2
+
+
+@pytest.mark.nsys
+def test_failing_workload_keeps_its_report_and_exit_code(nsys_bin, tmp_path):
+    r = nsysan("capture", "-d", str(tmp_path), "--", sys.executable, "-c", "import sys; sys.exit(3)",
+               env={**os.environ, "NSYS": str(nsys_bin)})  # fmt: skip
+    assert r.returncode == 3
+    manifest = json.loads((_only_run(tmp_path) / "manifest.json").read_text())
+    assert manifest["status"] == "workload failed" and manifest["exit_code"] == 3
+    assert Path(manifest["outputs"]["nsys-rep"]).exists()
+
+
+@pytest.mark.nsys
+def test_ctrl_c_still_leaves_a_finished_report(nsys_bin, tmp_path):
+    script = "import time, nvtx\nwith nvtx.annotate('waiting', domain='nsysan'):\n    time.sleep(120)\n"
+    proc = subprocess.Popen([sys.executable, "-m", "nsysan", "capture", "-d", str(tmp_path), "--", sys.executable, "-c", script],
+                            env={**os.environ, "NSYS": str(nsys_bin)}, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(8)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err[-2000:]
+    manifest = json.loads((_only_run(tmp_path) / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert Path(manifest["outputs"]["sqlite"]).exists()
