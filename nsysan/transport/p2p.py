@@ -1,0 +1,333 @@
+"""P2PTransport: tag-matched, non-blocking point-to-point with no order across peers or tags.
+
+NCCL runs the operations of a communicator in one order, so a send to a ready peer waits behind a
+send to a late one. Here each (peer, tag) pair is its own queue: messages of one pair never
+overtake each other (sequence numbers), and pairs never wait for each other.
+
+Protocol (per message, keys in the torch.distributed Store that torchrun already runs):
+
+1. ``isend`` copies the payload into a shared-memory segment from its own pool (no copy when the
+   tensor was allocated with :meth:`P2PTransport.empty`) and posts ``p2p/SRC/DST/TAG/SEQ`` with the
+   segment's name, size, dtype and shape. It returns at once.
+2. ``irecv`` waits for that key, maps the segment (cached per name), copies into ``out``, posts
+   ``.../ack``. Its handle completes after the copy. Waiting is done by one progress thread per
+   transport that polls the store without blocking (see ``_progress``).
+3. The send handle completes on the ack; only then does the segment go back to the pool, so a
+   payload is never read after its buffer is reused.
+
+Every copy is inside an NVTX range in domain ``nsysan`` (``p2p send 0->1 tag 0 #3 4.0 MiB``), so
+transfers show in nsys. Waiting longer than ``timeout`` raises :class:`TransportTimeout` naming the
+peer. This module moves CPU tensors between processes of one host; see ``cuda_ipc.py`` for the GPU
+path and ``docs/transport.md`` for what is not covered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
+
+import torch
+
+from nsysan.errors import NsysanError
+
+try:
+    import nvtx
+except ImportError:
+    nvtx = None
+
+
+_MIN_POLL, _MAX_POLL = 20e-6, 2e-3  # seconds between store polls when nothing moved
+
+
+@dataclass
+class _Pending:
+    key: str
+    peer: int
+    what: str
+    deadline: float
+    on_ready: Callable[[], None]
+    future: Future
+
+
+class TransportError(NsysanError):
+    """A transfer could not be done (mismatched buffers, a peer that went away)."""
+
+
+class TransportTimeout(TransportError):
+    """A peer did not do its part in time."""
+
+
+def _range(message: str):  # noqa: ANN202 - a context manager either way
+    return nvtx.annotate(message, domain="nsysan") if nvtx is not None else _NullRange()
+
+
+class _NullRange:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB" if nbytes >= 2**10 else f"{nbytes} B"
+
+
+class Handle:
+    """A pending send or receive. ``wait`` raises what the transfer raised."""
+
+    def __init__(self, what: str, future: Future) -> None:
+        self.what = what
+        self._future = future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> None:
+        try:
+            self._future.result(timeout=timeout)
+        except TimeoutError:
+            raise TransportTimeout(f"{self.what}: not completed after {timeout} s") from None
+
+    def wait_stream(self, stream: object = None) -> None:
+        """CPU transfers are complete when ``wait`` returns; kept for API parity with CUDA."""
+        self.wait()
+
+
+class _Segment:
+    """A shared-memory segment and a uint8 tensor over it."""
+
+    def __init__(self, shm: shared_memory.SharedMemory) -> None:
+        self.shm = shm
+        self.tensor = torch.frombuffer(shm.buf, dtype=torch.uint8, count=shm.size)
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+
+class P2PTransport:
+    """Point-to-point transfers between the ranks of one host through shared memory.
+
+    ``store`` is a torch.distributed Store shared by all ranks (e.g. the default group's), used
+    only for small control messages.
+    """
+
+    def __init__(self, store: object, rank: int, world_size: int, *, timeout: float = 60.0, namespace: str = "p2p") -> None:
+        self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
+        self.prefix = namespace
+        self._lock = threading.Lock()
+        self._send_seq: dict[tuple[int, int], int] = defaultdict(int)
+        self._recv_seq: dict[tuple[int, int], int] = defaultdict(int)
+        self._free: dict[int, list[_Segment]] = defaultdict(list)  # own segments by size, ready for reuse
+        self._owned: list[_Segment] = []
+        self._mapped: dict[str, _Segment] = {}  # peers' segments, mapped once
+        self._pinned: dict[int, _Segment] = {}  # data_ptr of empty() tensors -> their segment
+        self._pending: list[_Pending] = []
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._closing = False
+
+    # -- buffers ------------------------------------------------------------------------------
+
+    def empty(self, shape: tuple[int, ...] | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A tensor in shared memory: sending it costs no staging copy (the receiver reads it
+        directly), so do not modify it before the send's handle completes."""
+        numel = torch.Size([shape] if isinstance(shape, int) else shape).numel()
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        segment = self._new_segment(max(nbytes, 1))
+        tensor = segment.tensor[:nbytes].view(dtype).reshape(shape)
+        self._pinned[tensor.data_ptr()] = segment
+        return tensor
+
+    def _new_segment(self, nbytes: int) -> _Segment:
+        segment = _Segment(shared_memory.SharedMemory(create=True, size=nbytes))
+        with self._lock:
+            self._owned.append(segment)
+        return segment
+
+    def _take(self, nbytes: int) -> _Segment:
+        """A staging segment of at least ``nbytes`` from the pool (sizes rounded up to a power of
+        two, so segments get reused across messages of similar size)."""
+        size = _size_class(nbytes)
+        with self._lock:
+            pool = self._free.get(size)
+            if pool:
+                return pool.pop()
+        return self._new_segment(size)
+
+    def _give_back(self, segment: _Segment) -> None:
+        with self._lock:
+            self._free[segment.shm.size].append(segment)
+
+    def _map(self, name: str) -> _Segment:
+        segment = self._mapped.get(name)
+        if segment is None:
+            shm = shared_memory.SharedMemory(name=name)
+            # the owner unlinks it; this process's resource tracker must not (Python < 3.13)
+            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+            segment = self._mapped[name] = _Segment(shm)
+        return segment
+
+    # -- control messages ---------------------------------------------------------------------
+
+    def _key(self, src: int, dst: int, tag: int, seq: int) -> str:
+        return f"{self.prefix}/{src}/{dst}/{tag}/{seq}"
+
+    def _submit(self, key: str, peer: int, what: str, on_ready: Callable[[], None]) -> Handle:
+        """Queue an operation that proceeds once ``key`` exists in the store."""
+        future: Future = Future()
+        op = _Pending(key, peer, what, time.monotonic() + self.timeout, on_ready, future)
+        with self._lock:
+            self._pending.append(op)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._progress, name="nsysan-p2p progress", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return Handle(what, future)
+
+    def _progress(self) -> None:
+        """One thread drives every pending operation with non-blocking ``store.check`` polls.
+
+        A blocking ``store.wait`` would hold the process's store connection until the key appears,
+        and the peer's ``set`` that makes it appear may itself wait for our connection: deadlock.
+        Polling keeps every store call short, and a peer that is late never holds up another.
+        """
+        delay = _MIN_POLL
+        while not self._closing:
+            with self._lock:
+                ops = list(self._pending)
+            if not ops:
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            progressed = False
+            for op in ops:
+                if self._step(op):
+                    progressed = True
+                    with self._lock:
+                        self._pending.remove(op)
+            delay = _MIN_POLL if progressed else min(delay * 2, _MAX_POLL)
+            if not progressed:
+                time.sleep(delay)
+
+    def _step(self, op: _Pending) -> bool:
+        """Advance one operation; True when it finished (done, failed or timed out)."""
+        try:
+            if not self.store.check([op.key]):
+                if time.monotonic() < op.deadline:
+                    return False
+                raise TransportTimeout(
+                    f"rank {self.rank}: {op.what} timed out after {self.timeout:g} s waiting for rank {op.peer}; "
+                    f"is rank {op.peer} alive and did it post the matching call?"
+                )
+            op.on_ready()
+            op.future.set_result(None)
+        except BaseException as exc:  # delivered to whoever waits on the handle
+            op.future.set_exception(exc)
+        return True
+
+    # -- the API ------------------------------------------------------------------------------
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
+        """Post ``tensor`` for rank ``dst`` under ``tag``; returns at once."""
+        self._check_peer(dst)
+        if tensor.device.type != "cpu":
+            raise TransportError("P2PTransport moves CPU tensors; use CudaIpcTransport for GPU tensors")
+        src_bytes = tensor.contiguous().view(torch.uint8).reshape(-1) if tensor.numel() else torch.empty(0, dtype=torch.uint8)
+        nbytes = src_bytes.numel()
+        with self._lock:
+            seq = self._send_seq[(dst, tag)]
+            self._send_seq[(dst, tag)] += 1
+        what = f"send {self.rank}->{dst} tag {tag} #{seq}"
+        pinned = self._pinned.get(tensor.data_ptr())
+        if pinned is not None and tensor.is_contiguous():
+            segment, staged = pinned, False
+        else:
+            segment, staged = self._take(nbytes), True
+            with _range(f"p2p {what} {_size(nbytes)} (stage)"):
+                segment.tensor[:nbytes].copy_(src_bytes)
+        offset = tensor.data_ptr() - segment.tensor.data_ptr() if not staged else 0
+        meta = {"shm": segment.name, "offset": offset, "nbytes": nbytes, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
+        key = self._key(self.rank, dst, tag, seq)
+        self.store.set(key, json.dumps(meta))
+
+        def acknowledged() -> None:
+            self.store.delete_key(key + "/ack")
+            if staged:
+                self._give_back(segment)
+
+        return self._submit(key + "/ack", dst, what, acknowledged)
+
+    def irecv(self, out: torch.Tensor, src: int, tag: int = 0) -> Handle:
+        """Receive the next message of rank ``src`` under ``tag`` into ``out``; returns at once."""
+        self._check_peer(src)
+        if out.device.type != "cpu" or not out.is_contiguous():
+            raise TransportError("irecv needs a contiguous CPU tensor to receive into")
+        with self._lock:
+            seq = self._recv_seq[(src, tag)]
+            self._recv_seq[(src, tag)] += 1
+        what = f"recv {self.rank}<-{src} tag {tag} #{seq}"
+        key = self._key(src, self.rank, tag, seq)
+        dst_bytes = out.view(torch.uint8).reshape(-1) if out.numel() else torch.empty(0, dtype=torch.uint8)
+
+        def receive() -> None:
+            meta = json.loads(self.store.get(key))
+            if meta["nbytes"] != dst_bytes.numel():
+                raise TransportError(
+                    f"rank {self.rank}: {what}: rank {src} sent {meta['nbytes']} bytes "
+                    f"({meta['dtype']} {meta['shape']}), the receive buffer holds {dst_bytes.numel()}"
+                )
+            if meta["nbytes"]:
+                segment = self._map(meta["shm"])
+                with _range(f"p2p {what} {_size(meta['nbytes'])}"):
+                    dst_bytes.copy_(segment.tensor[meta["offset"] : meta["offset"] + meta["nbytes"]])
+            self.store.delete_key(key)
+            self.store.set(key + "/ack", "1")
+
+        return self._submit(key, src, what, receive)
+
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise TransportError(f"rank {self.rank}: no peer {peer} in a world of {self.world_size}")
+
+    def close(self) -> None:
+        """Stop the progress thread and release every segment. Call after all handles completed."""
+        self._closing = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for segment in list(self._mapped.values()):
+            _release(segment, unlink=False)
+        for segment in self._owned:
+            _release(segment, unlink=True)
+        self._mapped.clear()
+        self._owned.clear()
+        self._free.clear()
+        self._pinned.clear()
+
+    def __enter__(self) -> P2PTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _size_class(nbytes: int) -> int:
+    return max(4096, 1 << (max(nbytes, 1) - 1).bit_length())
+
+
+def _release(segment: _Segment, unlink: bool) -> None:
+    del segment.tensor  # the tensor exports the buffer; it must go before the mapping closes
+    with contextlib.suppress(BufferError):  # a user still holds a view (an empty() tensor): stay mapped
+        segment.shm.close()
+    if unlink:
+        with contextlib.suppress(FileNotFoundError):
+            segment.shm.unlink()

@@ -1,0 +1,176 @@
+"""The P2P transport between real processes (CPU shared-memory path, what CI can run)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import multiprocessing as mp
+import os
+import random
+import socket
+import time
+import traceback
+
+import pytest
+
+from tests.conftest import IN_CI
+
+torch = __import__("torch") if IN_CI else pytest.importorskip("torch")
+
+DTYPES = ["float32", "float64", "int64", "int32", "uint8", "float16", "bfloat16"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(fn, rank, world, port, queue, *args):
+    try:
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=dt.timedelta(seconds=60))
+        queue.put((rank, fn(store, rank, world, *args)))
+    except BaseException:
+        queue.put((rank, "ERROR " + traceback.format_exc()))
+
+
+def run_ranks(fn, world, *args, timeout=180):
+    """Run fn(store, rank, world, *args) in ``world`` processes; return {rank: result}."""
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_worker, args=(fn, r, world, port, queue, *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=timeout) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    errors = [v for v in results.values() if isinstance(v, str) and v.startswith("ERROR")]
+    assert not errors, errors[0]
+    return results
+
+
+def payload(index: int, numel: int, dtype: str):
+    g = torch.Generator().manual_seed(index)
+    if dtype.startswith(("int", "uint")):
+        return torch.randint(0, 250, (numel,), generator=g).to(getattr(torch, dtype))
+    return torch.randn(numel, generator=g).to(getattr(torch, dtype))
+
+
+def plan(world: int, count: int, seed: int):
+    rng = random.Random(seed)
+    messages = []
+    for i in range(count):
+        src, dst = rng.sample(range(world), 2)
+        numel = int(2 ** rng.uniform(0, 18))
+        messages.append((i, src, dst, rng.randrange(4), numel, rng.choice(DTYPES)))
+    return messages
+
+
+def integrity(store, rank, world, count, seed):
+    from nsysan.transport import P2PTransport
+
+    with P2PTransport(store, rank, world, timeout=60) as t:
+        sends, recvs = [], []
+        for i, src, dst, tag, numel, dtype in plan(world, count, seed):
+            if rank == src:
+                data = payload(i, numel, dtype)
+                sends.append(t.isend(data, dst, tag))
+                data.fill_(0)  # reusing the buffer at once must not change what the peer reads
+            elif rank == dst:
+                out = torch.empty(numel, dtype=getattr(torch, dtype))
+                recvs.append((i, numel, dtype, out, t.irecv(out, src, tag)))
+        for h in sends:
+            h.wait(timeout=120)
+        bad = []
+        for i, numel, dtype, out, h in recvs:
+            h.wait(timeout=120)
+            if not torch.equal(out, payload(i, numel, dtype)):
+                bad.append(i)
+        store.set(f"done/{rank}", "1")
+        store.wait([f"done/{r}" for r in range(world)])
+        return {"sent": len(sends), "received": len(recvs), "bad": bad}
+
+
+def test_a_thousand_random_transfers_arrive_intact():
+    results = run_ranks(integrity, 4, 1000, 11)
+    assert sum(r["sent"] for r in results.values()) == 1000
+    assert sum(r["received"] for r in results.values()) == 1000
+    assert [r["bad"] for r in results.values()] == [[], [], [], []]
+
+
+def head_of_line(store, rank, world):
+    from nsysan.transport import P2PTransport
+
+    with P2PTransport(store, rank, world, timeout=30) as t:
+        if rank == 0:
+            late = t.isend(torch.ones(1 << 20), 1)  # rank 1 posts its receive 3 s from now
+            ready = t.isend(torch.ones(1 << 20) * 2, 2)
+            start = time.monotonic()
+            ready.wait(timeout=10)
+            ready_s = time.monotonic() - start
+            late_pending = not late.is_completed()
+            late.wait(timeout=20)
+            result = {"ready_s": ready_s, "late_pending_when_ready_done": late_pending, "late_s": time.monotonic() - start}
+        else:
+            if rank == 1:
+                time.sleep(3)
+            out = torch.empty(1 << 20)
+            t.irecv(out, 0).wait(timeout=20)
+            result = {"value": float(out[0])}
+        store.set(f"done/{rank}", "1")
+        store.wait([f"done/{r}" for r in range(world)])
+        return result
+
+
+def test_send_to_a_ready_peer_does_not_wait_for_a_late_one():
+    r = run_ranks(head_of_line, 3)
+    assert r[0]["late_pending_when_ready_done"] is True
+    assert r[0]["ready_s"] < 1.0 < 2.5 < r[0]["late_s"]
+    assert (r[1]["value"], r[2]["value"]) == (1.0, 2.0)
+
+
+def dead_peer(store, rank, world):
+    from nsysan.transport import P2PTransport, TransportTimeout
+
+    t = P2PTransport(store, rank, world, timeout=3)
+    if rank == 1:
+        os._exit(0)  # dies without receiving; its death is what rank 0 must report
+    h = t.isend(torch.ones(100), 1, tag=7)
+    try:
+        h.wait(timeout=30)
+    except TransportTimeout as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_dead_peer_gives_a_timeout_naming_it():
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_worker, args=(dead_peer, r, 2, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    rank, message = queue.get(timeout=60)
+    for p in procs:
+        p.join(timeout=30)
+    assert rank == 0
+    assert "rank 1" in message and "timed out after 3 s" in message and "send 0->1 tag 7" in message
+
+
+def mismatch(store, rank, world):
+    from nsysan.transport import P2PTransport, TransportError
+
+    with P2PTransport(store, rank, world, timeout=10) as t:
+        if rank == 0:
+            t.isend(torch.ones(10), 1)
+            return "sent"
+        try:
+            t.irecv(torch.empty(20), 0).wait(timeout=10)
+        except TransportError as exc:
+            return str(exc)
+        return "no error"
+
+
+def test_a_mismatched_receive_buffer_is_a_clear_error():
+    r = run_ranks(mismatch, 2)
+    assert "rank 0 sent 40 bytes" in r[1] and "holds 80" in r[1]
