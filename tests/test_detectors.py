@@ -144,3 +144,46 @@ def test_every_parameter_is_documented():
         assert f"## `{kind}`" in doc
         for f in dataclasses.fields(spec.params):
             assert f"`{f.name}`" in doc, f"{kind}.{f.name} is not in docs/detectors.md"
+
+
+def test_a_128_rank_job_wide_all_reduce_with_a_late_rank_is_not_a_stall(tmp_path):
+    w = ExportWriter(tmp_path / "wide.sqlite", "current")
+    name = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    for r in range(128):
+        pid = 10_000 + r
+        w.process(pid, "python3")
+        w.nvtx_mark(pid, pid, 100, f"nsysan rank={r}")
+        late = 2_000_000 if r == 77 else 0
+        for i, (start, end) in enumerate(((1_000_000 + late, 3_300_000), (3_305_000, 3_600_000))):
+            w.runtime(pid, pid, 900_000 + i * 10_000, 905_000 + i * 10_000, "cudaLaunchKernel", i + 1)
+            w.kernel(pid, r % 8, 13, start, end + r % 3 * 1_000, name, correlation=i + 1)
+    w.close()
+    assert findings([tmp_path / "wide.sqlite"], "nccl_ordering_stall") == []
+
+
+def test_no_launch_calls_in_the_trace_means_no_readiness_and_no_crash(tmp_path):
+    paths, _ = scenario("nccl_ordering_stall", 1, True, tmp_path)
+    for p in paths:
+        con = sqlite3.connect(p)
+        con.execute("DROP TABLE CUPTI_ACTIVITY_KIND_RUNTIME")
+        con.commit()
+        con.close()
+    assert findings(paths, "nccl_ordering_stall") == []
+
+
+def test_overhead_rows_without_a_thread_are_not_pinned_on_pid_0(tmp_path):
+    paths, _ = scenario("command_buffer_full", 5, True, tmp_path, flavour="current")
+    for p in paths:
+        con = sqlite3.connect(p)
+        con.execute("UPDATE CUPTI_ACTIVITY_KIND_OVERHEAD SET globalTid = NULL")
+        con.commit()
+        con.close()
+    found = findings(paths, "command_buffer_full")
+    assert found and all(f.pid is None and f.rank is None for f in found)
+    assert found[0].evidence["thread"].startswith("unknown")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-5"])
+def test_settings_must_be_finite_and_not_negative(value):
+    with pytest.raises(InputError):
+        parse_settings([f"nccl_ordering_stall.min_stall_ns={value}"])

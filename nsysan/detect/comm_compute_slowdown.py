@@ -79,10 +79,12 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
         return []
     duration = (compute["end_ns"] - compute["start_ns"]).to_numpy()
     share = _coverage(compute, comm) / np.maximum(duration, 1)
-    compute = compute.assign(dur=duration, overlapped=share >= p.overlap_share, clean=share == 0)
+    # a missing launch shape (old exports, NULLs) is its own value, not a reason to drop the kernel
+    compute = compute.assign(dur=duration, overlapped=share >= p.overlap_share, clean=share == 0,
+                             grid=compute["grid"].fillna(-1), block=compute["block"].fillna(-1))  # fmt: skip
     keys = ["export", "device", "short_name", "grid", "block"]
     groups = compute.groupby(keys, observed=True)
-    stats = groups.apply(_group_stats, include_groups=False)
+    stats = _group_stats(compute, keys)
     if stats.empty:
         return []
     stats = stats[(stats["n_over"] >= p.min_samples) & (stats["n_clean"] >= p.min_samples)]
@@ -121,8 +123,8 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                 pid=pid,
                 evidence={
                     "kernel": str(name),
-                    "grid": unpack_shape(grid, block)[0],
-                    "block": unpack_shape(grid, block)[1],
+                    "grid": unpack_shape(grid, block)[0] if grid >= 0 else None,
+                    "block": unpack_shape(grid, block)[1] if block >= 0 else None,
                     "overlapped_instances": int(s["n_over"]),
                     "clean_instances": int(s["n_clean"]),
                     "median_overlapped_ns": round(float(s["med_over"])),
@@ -137,15 +139,17 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     return findings
 
 
-def _group_stats(g: pd.DataFrame) -> pd.Series:
-    over = g.loc[g["overlapped"], "dur"]
-    clean = g.loc[g["clean"], "dur"]
-    return pd.Series({
-        "n_over": len(over), "n_clean": len(clean),
-        "med_over": over.median() if len(over) else np.nan,
-        "med_clean": clean.median() if len(clean) else np.nan,
-        "p90_clean": clean.quantile(0.9) if len(clean) else np.nan,
-    })  # fmt: skip
+def _group_stats(compute: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per kernel group: instances, median duration overlapped and clean, and the clean p90
+    (grouped aggregations, no Python per group)."""
+    over = compute[compute["overlapped"]].groupby(keys, observed=True)["dur"]
+    clean = compute[compute["clean"]].groupby(keys, observed=True)["dur"]
+    stats = pd.concat(
+        {"n_over": over.size(), "med_over": over.median(), "n_clean": clean.size(), "med_clean": clean.median(),
+         "p90_clean": clean.quantile(0.9)},
+        axis=1,
+    )  # fmt: skip
+    return stats.dropna(subset=["med_over", "med_clean"])
 
 
 def _main_overlap(over: pd.DataFrame, comm: pd.DataFrame) -> str:

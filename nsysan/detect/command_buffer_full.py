@@ -28,6 +28,7 @@ from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
 
 KIND = "command_buffer_full"
+_NO_INTERVALS = pd.DataFrame({"start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64")})
 _LABEL = "command buffer full"
 
 
@@ -94,26 +95,30 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     launched = launches.merge(
         kernels.rename(columns={"start_ns": "k_start", "end_ns": "k_end"}), on=["export", "pid", "correlation_id"]
     )
-    busy_intervals = merge(kernels.dropna(subset=["device"]), ["export", "device"])
+    busy = {key: g for key, g in merge(kernels.dropna(subset=["device"]), ["export", "device"]).groupby(["export", "device"])}
+    calls_by_cluster = dict(tuple(launches.groupby("cluster")))
+    launched_by_cluster = dict(tuple(launched.groupby("cluster")))
+    nothing = launched.iloc[0:0]
     threads = trace.threads.set_index(["export", "pid", "tid"])["name"].astype(object)
     threads = threads[~threads.index.duplicated()]
     runs = run_ns(trace)
 
     findings = []
     for cluster, c in clusters.iterrows():  # one iteration per stall cluster, not per row
-        calls = launches[launches["cluster"] == cluster]
-        mine = launched[launched["cluster"] == cluster]
+        calls = calls_by_cluster.get(cluster, launches.iloc[0:0])
+        mine = launched_by_cluster.get(cluster, nothing)
         top = mine["short_name"].astype(str).value_counts().head(5)
         device = int(mine["device"].mode().iloc[0]) if len(mine) else None
         window = max(int(c["end_ns"] - c["start_ns"]), 1)
         busy_pct = None
         if device is not None:
-            on_device = busy_intervals[(busy_intervals["export"] == c["export"]) & (busy_intervals["device"] == device)]
+            on_device = busy.get((c["export"], device), _NO_INTERVALS)
             busy_pct = 100.0 * covered_ns(np.array([c["start_ns"]]), np.array([c["end_ns"]]), on_device)[0] / window
         saturated = busy_pct is not None and busy_pct >= 100 * p.busy_share
         run = int(runs.get(c["export"], 0))
         blocked = int(c["blocked_ns"])
         thread_name = threads.get((c["export"], c["pid"], c["tid"]), "")
+        known = int(c["pid"]) != 0  # globalTid NULL decodes to pid 0: the thread is unknown
         gpu = (
             f"device {device} stayed {busy_pct:.0f}% busy: the CPU ran ahead of a saturated GPU"
             if saturated
@@ -125,7 +130,8 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
             Finding(
                 kind=KIND,
                 severity=severity(blocked, run, p),
-                title=f"Launch queue full: thread {int(c['tid'])} blocked {blocked / 1e6:.2f} ms in {len(calls)} launch calls",
+                title=(f"Launch queue full: thread {int(c['tid']) if known else '(unknown)'} blocked "
+                       f"{blocked / 1e6:.2f} ms in {len(calls)} launch calls"),  # fmt: skip
                 advice=(
                     "Launch fewer, larger kernels: capture the launch-heavy section as a CUDA graph "
                     "(torch.cuda.CUDAGraph, or torch.compile(mode='reduce-overhead')), fuse small kernels "
@@ -137,11 +143,11 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                 start_ns=int(c["start_ns"]),
                 end_ns=int(c["end_ns"]),
                 impact_ns=blocked,
-                rank=None if pd.isna(c["rank"]) else int(c["rank"]),
+                rank=None if pd.isna(c["rank"]) or not known else int(c["rank"]),
                 device=device,
-                pid=int(c["pid"]),
+                pid=int(c["pid"]) if known else None,
                 evidence={
-                    "thread": int(c["tid"]),
+                    "thread": int(c["tid"]) if known else "unknown (overhead rows without globalTid)",
                     "thread_name": str(thread_name),
                     "overhead_rows": int(c["rows"]),
                     "overhead_table": str(c["source"]),

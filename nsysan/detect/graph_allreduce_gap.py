@@ -62,10 +62,11 @@ def _gaps(k: pd.DataFrame, allreduce: pd.DataFrame, by: list[str]) -> pd.DataFra
 def detect(trace: Trace, p: Params) -> list[Finding]:
     """Idle gaps before all-reduce kernels inside CUDA graph replays, against the eager baseline."""
     k = trace.kernel_columns(_COLUMNS).dropna(subset=["device"])
-    findings: list[Finding] = []
-    replayed = k["graph_node_id"].notna()
+    replayed = k["graph_node_id"].notna() & k["correlation_id"].notna()
+    traced_by_node = set(zip(k.loc[replayed, "export"], k.loc[replayed, "pid"]))
+    findings: list[Finding] = _graph_mode_findings(trace, skip=traced_by_node)
     if not replayed.any():
-        return _graph_mode_findings(trace)
+        return findings
     is_ar = k["nccl_op"].astype(object).eq("AllReduce")
     k = k.assign(replay=k["correlation_id"].where(replayed))
     # one graph = replays made of the same nodes: key them by their first node id
@@ -75,18 +76,23 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     graph_pairs = _gaps(k[replayed], k[replayed & is_ar], ["export", "pid", "device", "replay"])
     eager = k[~replayed]
     eager_pairs = _gaps(eager, eager[is_ar[~replayed]], ["export", "pid", "device"])
+    pair = ["export", "pid", "device", "producer", "short_name"]  # (producer, all-reduce) per device
     baseline = (
-        eager_pairs.groupby(["export", "pid", "device", "producer"], observed=True)["gap_ns"].agg(["median", "size"])
+        eager_pairs.groupby(pair, observed=True)["gap_ns"].agg(["median", "size"])
         if len(eager_pairs) else pd.DataFrame(columns=["median", "size"])
     )  # fmt: skip
-    graph_pairs = graph_pairs.merge(k[["graph"]], left_on="index", right_index=True)
-
+    graph_pairs = graph_pairs.merge(
+        k[["graph", "graph_node_id"]].rename(columns={"graph_node_id": "allreduce_node"}), left_on="index", right_index=True
+    )
     runs = run_ns(trace)
     nodes = trace.graph_nodes
     event_nodes = nodes[nodes["name"].astype(str).str.contains(_EVENT_NODES, regex=True)] if len(nodes) else nodes
-    for (export, pid, device, graph), g in graph_pairs.groupby(["export", "pid", "device", "graph"], observed=True):
+    # one all-reduce node of one graph at a time: a graph may hold several buckets
+    per_node = ["export", "pid", "device", "graph", "allreduce_node"]
+    for (export, pid, device, graph, node), g in graph_pairs.groupby(per_node, observed=True):
         producer = g["producer"].mode().iloc[0]
-        key = (export, pid, device, producer)
+        allreduce = str(g["short_name"].mode().iloc[0])
+        key = (export, pid, device, producer, allreduce)
         eager_n = int(baseline.loc[key, "size"]) if key in baseline.index else 0
         base = float(baseline.loc[key, "median"]) if eager_n >= p.min_samples else float(p.launch_floor_ns)
         median_gap = float(g["gap_ns"].median())
@@ -116,10 +122,11 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                 device=int(device),
                 pid=int(pid),
                 evidence={
-                    "replays": len(g),
+                    "replays": int(g["replay"].nunique()),
                     "first_graph_node_id": int(graph),
+                    "allreduce_graph_node_id": int(node),
                     "producer_kernel": str(producer),
-                    "allreduce_kernel": str(g["short_name"].mode().iloc[0]),
+                    "allreduce_kernel": allreduce,
                     "median_gap_ns": round(median_gap),
                     "baseline_gap_ns": round(base),
                     "baseline": f"median of {eager_n} eager runs" if eager_n >= p.min_samples else "launch floor",
@@ -133,13 +140,16 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     return findings
 
 
-def _graph_mode_findings(trace: Trace) -> list[Finding]:
-    """Graph launches recorded whole: say the gap cannot be measured rather than stay silent."""
+def _graph_mode_findings(trace: Trace, skip: set[tuple[int, int]]) -> list[Finding]:
+    """Processes whose graph launches were recorded whole (``--cuda-graph-trace=graph``): say the gap
+    cannot be measured there rather than stay silent. ``skip``: processes traced by node."""
     launches = trace.graph_launches
     if launches.empty:
         return []
     findings = []
-    for (_export, pid), g in launches.groupby(["export", "pid"]):
+    for (export, pid), g in launches.groupby(["export", "pid"]):
+        if (export, pid) in skip:
+            continue
         rank = g["rank"].dropna()
         findings.append(
             Finding(

@@ -46,7 +46,7 @@ class Params(SeverityParams):
     match_tolerance_ns: int = param(20_000, "participants of one NCCL op end within this of each other ...")
     match_tolerance_share: float = param(0.02, "... or within this share of the op's duration")
     queue_tolerance_ns: int = param(20_000, "B counts as queued behind A if it started within this after A ended")
-    max_candidates: int = param(64, "nearest NCCL ops (by end time) examined as participants of each op")
+    max_candidates: int = param(64, "nearest NCCL ops (by end time) examined as participants of each op (at least 2 x ranks)")
 
 
 class _Neighbours:
@@ -61,7 +61,9 @@ class _Neighbours:
         self.tol = np.maximum(p.match_tolerance_ns, p.match_tolerance_share * (self.end - self.start))
         self.back = np.empty(len(self.order), dtype=np.int64)
         self.back[self.order] = np.arange(len(self.order))
-        self.shifts = range(1, min(p.max_candidates, len(self.order) - 1) + 1)
+        # a collective's participants can sit up to (ranks - 1) places apart in end order
+        reach = max(p.max_candidates, 2 * len(np.unique(self.rank)))
+        self.shifts = range(1, min(reach, len(self.order) - 1) + 1)
 
     def _matches(self):  # yields (partner index, match mask) per pass
         n = len(self.order)
@@ -125,8 +127,9 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     prev_late = prev["late_rank"].fillna(-1).astype("int64").to_numpy()
     late_needed_by_b = neighbours.has_participant(prev_late)
     queued = (ops["start_ns"] - prev["end_ns"]).between(-p.queue_tolerance_ns, p.queue_tolerance_ns)
-    stall_ns = prev["end_ns"] - np.maximum(ops["ready_ns"].fillna(np.inf), prev["start_ns"])
-    hit = (queued & ops["ready_ns"].notna() & (stall_ns >= p.min_stall_ns) & (prev["wait_ns"] >= p.min_wait_ns)
+    ready = ops["ready_ns"].astype("float64")  # NaN where the launch call is not in the trace
+    stall_ns = prev["end_ns"].astype("float64") - np.maximum(ready, prev["start_ns"].astype("float64"))
+    hit = (queued & ready.notna() & (stall_ns >= p.min_stall_ns) & (prev["wait_ns"] >= p.min_wait_ns)
            & (prev_late >= 0) & ~late_needed_by_b)  # fmt: skip
 
     runs = run_ns(trace)

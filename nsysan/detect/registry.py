@@ -8,6 +8,7 @@ KIND.PARAM=VALUE`` overrides them, and ``nsysan detectors`` lists them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -63,9 +64,12 @@ def parse_settings(items: Iterable[str]) -> dict[str, dict[str, float]]:
         if name not in fields:
             raise InputError(f"--set {item!r}: {kind} has no parameter {name!r}; known: {', '.join(fields)}")
         try:
-            settings.setdefault(kind, {})[name] = type(fields[name].default)(float(value))
+            number = float(value)
         except ValueError:
             raise InputError(f"--set {item!r}: {value!r} is not a number") from None
+        if not math.isfinite(number) or number < 0:
+            raise InputError(f"--set {item!r}: needs a finite number >= 0")
+        settings.setdefault(kind, {})[name] = type(fields[name].default)(number)
     return settings
 
 
