@@ -48,10 +48,22 @@ def find_nsys() -> Path:
     raise NsysNotFound(f"nsys not found (looked at $NSYS, PATH and the usual install directories); {INSTALL_HINT}")
 
 
+# --cuda-graph-trace (kernels inside graph replays) and --export=sqlite at profile time
+MINIMUM_VERSION = (2022, 4)
+
+
 def nsys_version(nsys: Path) -> str:
-    """'2022.4.2.1' from ``nsys --version``."""
-    out = subprocess.run([str(nsys), "--version"], capture_output=True, text=True, timeout=60).stdout
-    match = re.search(r"(\d{4}\.\d+(?:\.\d+)*)", out)
+    """'2022.4.2.1' from ``nsys --version``; refuses versions older than MINIMUM_VERSION."""
+    try:
+        out = subprocess.run([str(nsys), "--version"], capture_output=True, text=True, timeout=60).stdout
+    except OSError as exc:
+        raise NsysNotFound(f"{nsys}: cannot run it ({exc.strerror}); {INSTALL_HINT}") from None
+    match = re.search(r"(\d{4})\.(\d+)((?:\.\d+)*)", out)
     if not match:
         raise NsysNotFound(f"{nsys}: cannot read a version from `nsys --version` ({out.strip()!r})")
-    return match.group(1)
+    if (int(match.group(1)), int(match.group(2))) < MINIMUM_VERSION:
+        raise NsysNotFound(
+            f"{nsys}: Nsight Systems {match.group(0)} is older than {MINIMUM_VERSION[0]}.{MINIMUM_VERSION[1]}, "
+            f"which nsysan capture needs (--cuda-graph-trace); {INSTALL_HINT}"
+        )
+    return match.group(0)

@@ -33,6 +33,7 @@ class Overview:
     nccl: pd.DataFrame
     copies: pd.DataFrame
     nvtx_ranges: pd.DataFrame
+    transfers: pd.DataFrame
     ranks: pd.DataFrame
     limitations: list[str] = field(default_factory=list)
 
@@ -153,6 +154,24 @@ def nvtx_range_table(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
     return g.reset_index().sort_values("total_ns", ascending=False).head(n)[columns].reset_index(drop=True)
 
 
+def transfer_table(trace: Trace) -> pd.DataFrame:
+    """nsysan's P2P transport: its NVTX ranges (domain ``nsysan``, ``p2p ...``) per direction and tag."""
+    v = trace.nvtx
+    columns = ["transfer", "ranks", "count", "bytes", "total_ns", "mean_ns"]
+    if v.empty:
+        return pd.DataFrame(columns=columns)
+    text = v["text"].astype(object).fillna("").astype(str)
+    t = v[(v["domain"] == "nsysan") & text.str.startswith("p2p ") & v["end_ns"].notna()]
+    if t.empty:
+        return pd.DataFrame(columns=columns)
+    d = t.assign(transfer=text[t.index], dur=(t["end_ns"] - t["start_ns"]).astype("int64"), nbytes=t["payload_int"].fillna(0))
+    g = d.groupby("transfer").agg(
+        ranks=("rank", lambda r: ",".join(str(int(x)) for x in sorted(set(r.dropna())))),
+        count=("dur", "size"), bytes=("nbytes", "sum"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"),
+    )  # fmt: skip
+    return g.reset_index().sort_values("total_ns", ascending=False)[columns].reset_index(drop=True)
+
+
 def export_table(trace: Trace) -> pd.DataFrame:
     """Per export: the counts a user can check against ``nsys stats`` or SQL."""
     rows = []
@@ -252,6 +271,7 @@ def build_overview(trace: Trace) -> Overview:
         nccl=nccl_table(trace),
         copies=copy_table(trace),
         nvtx_ranges=nvtx_range_table(trace),
+        transfers=transfer_table(trace),
         ranks=trace.ranks,
         limitations=limitations(trace, exports),
     )

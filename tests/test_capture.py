@@ -100,3 +100,24 @@ def test_ctrl_c_still_leaves_a_finished_report(nsys_bin, tmp_path):
     manifest = json.loads((_only_run(tmp_path) / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
     assert Path(manifest["outputs"]["sqlite"]).exists()
+
+
+@pytest.mark.nsys
+def test_capture_pipeline_through_the_p2p_transport_shows_its_transfers(nsys_bin, tmp_path):
+    need(__import__("importlib").util.find_spec("torch") is not None, "torch")
+    r = nsysan("capture", "-d", str(tmp_path), "--workload", "pipeline", "--nproc", "4", "--transport", "p2p",
+               env={**os.environ, "NSYS": str(nsys_bin)})  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = _only_run(tmp_path)
+    assert (run / "report.nsys-rep").exists() and (run / "manifest.json").exists()
+    rep = nsysan("report", str(run / "report.sqlite"), "-f", "json")
+    assert rep.returncode == 0, rep.stderr
+    summary = json.loads(rep.stdout)["summary"]
+    # every worker attributed to its rank, once (helper processes inherit RANK but are not marked)
+    assert sorted((r["rank"], r["rank_source"]) for r in summary["ranks"]) == [(i, "nvtx") for i in range(4)]
+    transfers = {t["transfer"]: t for t in summary["transfers"]}
+    # 3 steps x 4 micro-batches: activations 0->1->2->3 and gradients back, one range per message
+    for a, b in ((0, 1), (1, 2), (2, 3)):
+        assert sum(t["count"] for name, t in transfers.items() if name.startswith(f"p2p recv {b}<-{a} ")) == 12
+        assert sum(t["count"] for name, t in transfers.items() if name.startswith(f"p2p recv {a}<-{b} ")) == 12
+    assert all(t["bytes"] == t["count"] * 64 * 256 * 4 for t in transfers.values())

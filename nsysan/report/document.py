@@ -52,6 +52,7 @@ def build_document(overview: Overview, findings: list[Finding]) -> dict[str, Any
         "nccl": records(overview.nccl),
         "copies": records(overview.copies),
         "nvtx_ranges": records(overview.nvtx_ranges),
+        "transfers": records(overview.transfers),
         "limitations": list(overview.limitations),
     }
     return {

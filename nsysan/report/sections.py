@@ -56,6 +56,10 @@ def tables(doc: dict[str, Any]) -> list[Table]:
         _table("Memory copies", s["copies"], [
             ("kind", "copy_kind", c), ("count", "count", c), ("bytes", "bytes", fmt.size), ("total", "total_ns", fmt.duration),
         ], empty="no copies"),
+        _table("Transport transfers (nsysan P2P)", s.get("transfers", []), [
+            ("transfer", "transfer", c), ("ranks", "ranks", c), ("count", "count", c), ("bytes", "bytes", fmt.size),
+            ("total", "total_ns", fmt.duration), ("mean", "mean_ns", fmt.duration),
+        ], empty="none in this capture"),
         _table("NVTX ranges by total time", s["nvtx_ranges"], [
             ("domain", "domain", c), ("range", "range", c), ("count", "count", c),
             ("total", "total_ns", fmt.duration), ("mean", "mean_ns", fmt.duration),

@@ -15,8 +15,8 @@ Protocol (per message, keys in the torch.distributed Store that torchrun already
 3. The send handle completes on the ack; only then does the segment go back to the pool, so a
    payload is never read after its buffer is reused.
 
-Every copy is inside an NVTX range in domain ``nsysan`` (``p2p send 0->1 tag 0 #3 4.0 MiB``), so
-transfers show in nsys. Waiting longer than ``timeout`` raises :class:`TransportTimeout` naming the
+Every copy is inside an NVTX range in domain ``nsysan`` (``p2p recv 1<-0 tag 3``, the byte count as
+its payload), so transfers show in nsys and in ``nsysan report``'s transport section. Waiting longer than ``timeout`` raises :class:`TransportTimeout` naming the
 peer. This module moves CPU tensors between processes of one host; see ``cuda_ipc.py`` for the GPU
 path and ``docs/transport.md`` for what is not covered.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -64,8 +65,9 @@ class TransportTimeout(TransportError):
     """A peer did not do its part in time."""
 
 
-def _range(message: str):  # noqa: ANN202 - a context manager either way
-    return nvtx.annotate(message, domain="nsysan") if nvtx is not None else _NullRange()
+def _range(message: str, nbytes: int):  # noqa: ANN202 - a context manager either way
+    """An NVTX range named per peer and tag (so nsys and nsysan aggregate them) carrying the bytes."""
+    return nvtx.annotate(message, domain="nsysan", payload=nbytes) if nvtx is not None else _NullRange()
 
 
 class _NullRange:
@@ -148,7 +150,8 @@ class P2PTransport:
         return tensor
 
     def _new_segment(self, nbytes: int) -> _Segment:
-        segment = _Segment(shared_memory.SharedMemory(create=True, size=nbytes))
+        with _TRACKER_LOCK:
+            segment = _Segment(shared_memory.SharedMemory(create=True, size=nbytes))
         with self._lock:
             self._owned.append(segment)
         return segment
@@ -170,10 +173,7 @@ class P2PTransport:
     def _map(self, name: str) -> _Segment:
         segment = self._mapped.get(name)
         if segment is None:
-            shm = shared_memory.SharedMemory(name=name)
-            # the owner unlinks it; this process's resource tracker must not (Python < 3.13)
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-            segment = self._mapped[name] = _Segment(shm)
+            segment = self._mapped[name] = _Segment(_attach(name))
         return segment
 
     # -- control messages ---------------------------------------------------------------------
@@ -252,7 +252,7 @@ class P2PTransport:
             segment, staged = pinned, False
         else:
             segment, staged = self._take(nbytes), True
-            with _range(f"p2p {what} {_size(nbytes)} (stage)"):
+            with _range(f"p2p send {self.rank}->{dst} tag {tag} (staging copy)", nbytes):
                 segment.tensor[:nbytes].copy_(src_bytes)
         offset = tensor.data_ptr() - segment.tensor.data_ptr() if not staged else 0
         meta = {"shm": segment.name, "offset": offset, "nbytes": nbytes, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
@@ -287,7 +287,7 @@ class P2PTransport:
                 )
             if meta["nbytes"]:
                 segment = self._map(meta["shm"])
-                with _range(f"p2p {what} {_size(meta['nbytes'])}"):
+                with _range(f"p2p recv {self.rank}<-{src} tag {tag}", meta["nbytes"]):
                     dst_bytes.copy_(segment.tensor[meta["offset"] : meta["offset"] + meta["nbytes"]])
             self.store.delete_key(key)
             self.store.set(key + "/ack", "1")
@@ -318,6 +318,24 @@ class P2PTransport:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_TRACKER_LOCK = threading.Lock()
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    """Map a peer's segment without telling the resource tracker: the owner unlinks it. Python
+    < 3.13 registers attached segments too, so a tracker shared by several processes would unlink
+    (or complain about) segments that are not theirs."""
+    if sys.version_info >= (3, 13):
+        return shared_memory.SharedMemory(name=name, track=False)
+    with _TRACKER_LOCK:
+        register = resource_tracker.register
+        resource_tracker.register = lambda *args, **kwargs: None
+        try:
+            return shared_memory.SharedMemory(name=name)
+        finally:
+            resource_tracker.register = register
 
 
 def _size_class(nbytes: int) -> int:

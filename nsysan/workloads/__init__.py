@@ -8,6 +8,7 @@ import sys
 # name -> (module, transports it supports, runs without a GPU)
 WORKLOADS: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "pg-scaling": ("nsysan.workloads.pg_scaling", ("gloo", "nccl"), True),
+    "pipeline": ("nsysan.workloads.pipeline", ("gloo", "p2p", "nccl"), True),
 }
 
 
