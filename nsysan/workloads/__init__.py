@@ -9,6 +9,9 @@ import sys
 WORKLOADS: dict[str, tuple[str, tuple[str, ...], bool]] = {
     "pg-scaling": ("nsysan.workloads.pg_scaling", ("gloo", "nccl"), True),
     "pipeline": ("nsysan.workloads.pipeline", ("gloo", "p2p", "nccl"), True),
+    "redistribute": ("nsysan.workloads.redistribute", ("gloo", "p2p", "nccl"), True),
+    "overlap": ("nsysan.workloads.overlap", ("gloo", "p2p", "nccl"), True),
+    "graph-allreduce": ("nsysan.workloads.graph_allreduce", ("nccl",), False),
 }
 
 
