@@ -17,14 +17,17 @@ Protocol (per message, keys in the torch.distributed Store that torchrun already
 
 Every copy is inside an NVTX range in domain ``nsysan`` (``p2p recv 1<-0 tag 3``, the byte count as
 its payload), so transfers show in nsys and in ``nsysan report``'s transport section. Waiting longer than ``timeout`` raises :class:`TransportTimeout` naming the
-peer. This module moves CPU tensors between processes of one host; see ``cuda_ipc.py`` for the GPU
-path and ``docs/transport.md`` for what is not covered.
+peer. CPU tensors go through shared memory; CUDA tensors are pulled by the receiver through CUDA
+IPC (``cuda_ipc.py``). A peer on another host (ranks publish their host name in the store) goes
+through the default process group's ``isend``/``irecv`` instead: no network stack of our own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 import sys
 import threading
 import time
@@ -34,9 +37,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 
 from nsysan.errors import NsysanError
+from nsysan.transport.cuda_ipc import CudaIpcChannel
 
 try:
     import nvtx
@@ -136,6 +143,10 @@ class P2PTransport:
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         self._closing = False
+        self._cuda_channel: CudaIpcChannel | None = None
+        self.host = os.environ.get("NSYSAN_P2P_HOST") or socket.gethostname()
+        self._hosts: dict[int, str] = {}
+        store.set(f"{self.prefix}/host/{rank}", self.host)
 
     # -- buffers ------------------------------------------------------------------------------
 
@@ -236,17 +247,50 @@ class P2PTransport:
 
     # -- the API ------------------------------------------------------------------------------
 
+    def _remote(self, peer: int) -> bool:
+        """Whether ``peer`` runs on another host (then an existing engine moves the bytes)."""
+        if peer not in self._hosts:
+            key = f"{self.prefix}/host/{peer}"
+            self.store.wait([key])
+            self._hosts[peer] = self.store.get(key).decode()
+        return self._hosts[peer] != self.host
+
+    def _engine(self, work: Any, what: str) -> Handle:
+        """A handle over a torch.distributed request (cross-host fall-back)."""
+        future: Future = Future()
+
+        def finish() -> None:
+            try:
+                work.wait()
+                future.set_result(None)
+            except BaseException as exc:
+                future.set_exception(TransportError(f"rank {self.rank}: {what}: {exc}"))
+
+        threading.Thread(target=finish, name=f"nsysan-p2p {what}", daemon=True).start()
+        return Handle(what, future)
+
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
         """Post ``tensor`` for rank ``dst`` under ``tag``; returns at once."""
         self._check_peer(dst)
-        if tensor.device.type != "cpu":
-            raise TransportError("P2PTransport moves CPU tensors; use CudaIpcTransport for GPU tensors")
-        src_bytes = tensor.contiguous().view(torch.uint8).reshape(-1) if tensor.numel() else torch.empty(0, dtype=torch.uint8)
-        nbytes = src_bytes.numel()
+        if self._remote(dst):  # across hosts: the default process group's engine (gloo or NCCL)
+            return self._engine(dist.isend(tensor, dst, tag=tag), f"send {self.rank}->{dst} tag {tag} (remote)")
         with self._lock:
             seq = self._send_seq[(dst, tag)]
             self._send_seq[(dst, tag)] += 1
         what = f"send {self.rank}->{dst} tag {tag} #{seq}"
+        key = self._key(self.rank, dst, tag, seq)
+        if tensor.device.type == "cuda":  # the receiver pulls through CUDA IPC (cuda_ipc.py)
+            meta, release = self._cuda().post(tensor)
+            meta.update(nbytes=tensor.numel() * tensor.element_size(), dtype=str(tensor.dtype), shape=list(tensor.shape))
+            self.store.set(key, json.dumps(meta))
+
+            def released() -> None:
+                self.store.delete_key(key + "/ack")
+                release()
+
+            return self._submit(key + "/ack", dst, what, released)
+        src_bytes = tensor.contiguous().view(torch.uint8).reshape(-1) if tensor.numel() else torch.empty(0, dtype=torch.uint8)
+        nbytes = src_bytes.numel()
         pinned = self._pinned.get(tensor.data_ptr())
         if pinned is not None and tensor.is_contiguous():
             segment, staged = pinned, False
@@ -256,7 +300,6 @@ class P2PTransport:
                 segment.tensor[:nbytes].copy_(src_bytes)
         offset = tensor.data_ptr() - segment.tensor.data_ptr() if not staged else 0
         meta = {"shm": segment.name, "offset": offset, "nbytes": nbytes, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
-        key = self._key(self.rank, dst, tag, seq)
         self.store.set(key, json.dumps(meta))
 
         def acknowledged() -> None:
@@ -269,8 +312,10 @@ class P2PTransport:
     def irecv(self, out: torch.Tensor, src: int, tag: int = 0) -> Handle:
         """Receive the next message of rank ``src`` under ``tag`` into ``out``; returns at once."""
         self._check_peer(src)
-        if out.device.type != "cpu" or not out.is_contiguous():
-            raise TransportError("irecv needs a contiguous CPU tensor to receive into")
+        if not out.is_contiguous():
+            raise TransportError("irecv needs a contiguous tensor to receive into")
+        if self._remote(src):
+            return self._engine(dist.irecv(out, src, tag=tag), f"recv {self.rank}<-{src} tag {tag} (remote)")
         with self._lock:
             seq = self._recv_seq[(src, tag)]
             self._recv_seq[(src, tag)] += 1
@@ -285,7 +330,10 @@ class P2PTransport:
                     f"rank {self.rank}: {what}: rank {src} sent {meta['nbytes']} bytes "
                     f"({meta['dtype']} {meta['shape']}), the receive buffer holds {dst_bytes.numel()}"
                 )
-            if meta["nbytes"]:
+            if meta["nbytes"] and "ipc" in meta:
+                with _range(f"p2p recv {self.rank}<-{src} tag {tag}", meta["nbytes"]):
+                    self._cuda().fetch(meta, dst_bytes, src)
+            elif meta["nbytes"]:
                 segment = self._map(meta["shm"])
                 with _range(f"p2p recv {self.rank}<-{src} tag {tag}", meta["nbytes"]):
                     dst_bytes.copy_(segment.tensor[meta["offset"] : meta["offset"] + meta["nbytes"]])
@@ -293,6 +341,11 @@ class P2PTransport:
             self.store.set(key + "/ack", "1")
 
         return self._submit(key, src, what, receive)
+
+    def _cuda(self) -> CudaIpcChannel:
+        if self._cuda_channel is None:
+            self._cuda_channel = CudaIpcChannel()
+        return self._cuda_channel
 
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:
