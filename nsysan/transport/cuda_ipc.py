@@ -41,10 +41,11 @@ class CudaIpcChannel:
 
     def post(self, tensor: Any) -> tuple[dict[str, str], Callable[[], None]]:
         """Metadata for the receiver, and a release to call on its ack (keeps the data alive)."""
+        flat = tensor.contiguous().reshape(-1)  # a non-contiguous tensor is copied first ...
         event = self.cuda.Event(interprocess=True, enable_timing=False)
-        event.record(self.cuda.current_stream(tensor.device))
-        rebuild = self.reduce(tensor.contiguous().reshape(-1))
-        keep: list[Any] = [tensor, event]
+        event.record(self.cuda.current_stream(tensor.device))  # ... so the event comes after that copy
+        rebuild = self.reduce(flat)
+        keep: list[Any] = [flat, event]
         return {"ipc": _encode(rebuild), "event": _encode(event.ipc_handle())}, keep.clear
 
     def fetch(self, meta: dict[str, Any], out_bytes: Any, peer: int) -> None:
@@ -53,6 +54,7 @@ class CudaIpcChannel:
         source = rebuild(*args)
         event = self.cuda.Event.from_ipc_handle(out_bytes.device, _decode(meta["event"]))
         stream = self._stream(peer, out_bytes.device)
+        stream.wait_stream(self.cuda.current_stream(out_bytes.device))  # work still using `out` first
         stream.wait_event(event)
         with self.cuda.stream(stream):
             out_bytes.copy_(source.view(-1).view(out_bytes.dtype)[: out_bytes.numel()], non_blocking=True)

@@ -25,6 +25,7 @@ through the default process group's ``isend``/``irecv`` instead: no network stac
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import json
 import os
 import socket
@@ -34,6 +35,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 
@@ -102,7 +104,7 @@ class Handle:
     def wait(self, timeout: float | None = None) -> None:
         try:
             self._future.result(timeout=timeout)
-        except TimeoutError:
+        except (TimeoutError, FutureTimeout):  # distinct classes before Python 3.11
             raise TransportTimeout(f"{self.what}: not completed after {timeout} s") from None
 
     def wait_stream(self, stream: object = None) -> None:
@@ -130,8 +132,13 @@ class P2PTransport:
     """
 
     def __init__(self, store: object, rank: int, world_size: int, *, timeout: float = 60.0, namespace: str = "p2p") -> None:
+        """Collective: every rank creates its transport, in the same order (the n-th transport of
+        each rank talks to the n-th of the others). Waits until all ranks have announced their
+        host, so no send or receive ever blocks on that later."""
         self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
-        self.prefix = namespace
+        # keys of this instance never meet those of an earlier one (sequence numbers restart at 0)
+        generation = int(store.add(f"{namespace}/generation/{rank}", 1))
+        self.prefix = f"{namespace}/{generation}"
         self._lock = threading.Lock()
         self._send_seq: dict[tuple[int, int], int] = defaultdict(int)
         self._recv_seq: dict[tuple[int, int], int] = defaultdict(int)
@@ -145,8 +152,16 @@ class P2PTransport:
         self._closing = False
         self._cuda_channel: CudaIpcChannel | None = None
         self.host = os.environ.get("NSYSAN_P2P_HOST") or socket.gethostname()
-        self._hosts: dict[int, str] = {}
         store.set(f"{self.prefix}/host/{rank}", self.host)
+        keys = [f"{self.prefix}/host/{r}" for r in range(world_size)]
+        try:
+            store.wait(keys, dt.timedelta(seconds=timeout))
+        except Exception:
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            raise TransportTimeout(
+                f"rank {rank}: ranks {missing} did not create their P2PTransport within {timeout:g} s"
+            ) from None
+        self._hosts = {r: store.get(k).decode() for r, k in enumerate(keys)}
 
     # -- buffers ------------------------------------------------------------------------------
 
@@ -197,6 +212,8 @@ class P2PTransport:
         future: Future = Future()
         op = _Pending(key, peer, what, time.monotonic() + self.timeout, on_ready, future)
         with self._lock:
+            if self._closing:
+                raise TransportError(f"rank {self.rank}: {what}: the transport is closed")
             self._pending.append(op)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._progress, name="nsysan-p2p progress", daemon=True)
@@ -235,6 +252,8 @@ class P2PTransport:
             if not self.store.check([op.key]):
                 if time.monotonic() < op.deadline:
                     return False
+                if op.key.endswith("/ack"):  # withdraw the unanswered message
+                    self.store.delete_key(op.key[: -len("/ack")])
                 raise TransportTimeout(
                     f"rank {self.rank}: {op.what} timed out after {self.timeout:g} s waiting for rank {op.peer}; "
                     f"is rank {op.peer} alive and did it post the matching call?"
@@ -249,10 +268,6 @@ class P2PTransport:
 
     def _remote(self, peer: int) -> bool:
         """Whether ``peer`` runs on another host (then an existing engine moves the bytes)."""
-        if peer not in self._hosts:
-            key = f"{self.prefix}/host/{peer}"
-            self.store.wait([key])
-            self._hosts[peer] = self.store.get(key).decode()
         return self._hosts[peer] != self.host
 
     def _engine(self, work: Any, what: str) -> Handle:
@@ -274,6 +289,7 @@ class P2PTransport:
         self._check_peer(dst)
         if self._remote(dst):  # across hosts: the default process group's engine (gloo or NCCL)
             return self._engine(dist.isend(tensor, dst, tag=tag), f"send {self.rank}->{dst} tag {tag} (remote)")
+        src_bytes = _as_bytes(tensor)  # before taking a sequence number: a failure here must not skip one
         with self._lock:
             seq = self._send_seq[(dst, tag)]
             self._send_seq[(dst, tag)] += 1
@@ -285,11 +301,10 @@ class P2PTransport:
             self.store.set(key, json.dumps(meta))
 
             def released() -> None:
-                self.store.delete_key(key + "/ack")
+                self._acknowledged(key, what)
                 release()
 
             return self._submit(key + "/ack", dst, what, released)
-        src_bytes = tensor.contiguous().view(torch.uint8).reshape(-1) if tensor.numel() else torch.empty(0, dtype=torch.uint8)
         nbytes = src_bytes.numel()
         pinned = self._pinned.get(tensor.data_ptr())
         if pinned is not None and tensor.is_contiguous():
@@ -303,9 +318,11 @@ class P2PTransport:
         self.store.set(key, json.dumps(meta))
 
         def acknowledged() -> None:
-            self.store.delete_key(key + "/ack")
-            if staged:
-                self._give_back(segment)
+            try:
+                self._acknowledged(key, what)
+            finally:
+                if staged:
+                    self._give_back(segment)
 
         return self._submit(key + "/ack", dst, what, acknowledged)
 
@@ -314,6 +331,7 @@ class P2PTransport:
         self._check_peer(src)
         if not out.is_contiguous():
             raise TransportError("irecv needs a contiguous tensor to receive into")
+        dst_bytes = _as_bytes(out)
         if self._remote(src):
             return self._engine(dist.irecv(out, src, tag=tag), f"recv {self.rank}<-{src} tag {tag} (remote)")
         with self._lock:
@@ -321,15 +339,15 @@ class P2PTransport:
             self._recv_seq[(src, tag)] += 1
         what = f"recv {self.rank}<-{src} tag {tag} #{seq}"
         key = self._key(src, self.rank, tag, seq)
-        dst_bytes = out.view(torch.uint8).reshape(-1) if out.numel() else torch.empty(0, dtype=torch.uint8)
 
         def receive() -> None:
             meta = json.loads(self.store.get(key))
-            if meta["nbytes"] != dst_bytes.numel():
-                raise TransportError(
-                    f"rank {self.rank}: {what}: rank {src} sent {meta['nbytes']} bytes "
-                    f"({meta['dtype']} {meta['shape']}), the receive buffer holds {dst_bytes.numel()}"
-                )
+            if meta["nbytes"] != dst_bytes.numel() or meta["dtype"] != str(out.dtype):
+                problem = (f"rank {src} sent {meta['nbytes']} bytes ({meta['dtype']} {meta['shape']}), the receive "
+                           f"buffer holds {dst_bytes.numel()} ({out.dtype} {list(out.shape)})")  # fmt: skip
+                self.store.delete_key(key)
+                self.store.set(key + "/ack", "error: " + problem)  # the sender learns why at once
+                raise TransportError(f"rank {self.rank}: {what}: {problem}")
             if meta["nbytes"] and "ipc" in meta:
                 with _range(f"p2p recv {self.rank}<-{src} tag {tag}", meta["nbytes"]):
                     self._cuda().fetch(meta, dst_bytes, src)
@@ -342,6 +360,13 @@ class P2PTransport:
 
         return self._submit(key, src, what, receive)
 
+    def _acknowledged(self, key: str, what: str) -> None:
+        """Consume the receiver's ack; raise what it reported if it refused the message."""
+        ack = self.store.get(key + "/ack").decode()
+        self.store.delete_key(key + "/ack")
+        if ack.startswith("error: "):
+            raise TransportError(f"rank {self.rank}: {what}: the receiver refused it: {ack[7:]}")
+
     def _cuda(self) -> CudaIpcChannel:
         if self._cuda_channel is None:
             self._cuda_channel = CudaIpcChannel()
@@ -353,10 +378,15 @@ class P2PTransport:
 
     def close(self) -> None:
         """Stop the progress thread and release every segment. Call after all handles completed."""
-        self._closing = True
+        with self._lock:
+            self._closing = True
+            left, self._pending = self._pending, []
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        for op in left:
+            if not op.future.done():
+                op.future.set_exception(TransportError(f"rank {self.rank}: {op.what}: the transport was closed first"))
         for segment in list(self._mapped.values()):
             _release(segment, unlink=False)
         for segment in self._owned:
@@ -389,6 +419,12 @@ def _attach(name: str) -> shared_memory.SharedMemory:
             return shared_memory.SharedMemory(name=name)
         finally:
             resource_tracker.register = register
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view (or copy, when not contiguous) of a tensor of any shape, 0-dim included."""
+    flat = tensor.contiguous().reshape(-1)
+    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=tensor.device)
 
 
 def _size_class(nbytes: int) -> int:
