@@ -144,7 +144,7 @@ def capture(
     Example: nsysan capture -- torchrun --nproc_per_node=4 train.py
     """
     from nsysan.capture import capture as run_capture
-    from nsysan.capture import run_directory
+    from nsysan.capture import check_nsys, run_directory
     from nsysan.workloads import WORKLOADS, torchrun_command
 
     if workload is not None:
@@ -155,10 +155,12 @@ def capture(
         if transport not in WORKLOADS[workload][1]:
             raise InputError(f"workload {workload} runs with --transport {' or '.join(WORKLOADS[workload][1])}")
         command = torchrun_command(workload, nproc, transport)
-    name = workload or Path((command or ["run"])[0]).name
-    run_dir = run_directory(output_dir, name) if command else output_dir
+    if not command:
+        raise InputError("no command to capture: give one after `--`, or --workload NAME")
+    nsys = check_nsys()  # before creating anything
+    name = workload or Path(command[0]).name
     manifest, run_dir = run_capture(
-        command or [], run_dir, nsys_options=nsys_options or [],
+        command, run_directory(output_dir, name), nsys_options=nsys_options or [], nsys=nsys,
         workload={"name": workload, "nproc": nproc, "transport": transport} if workload else None,
     )  # fmt: skip
     if "sqlite" in manifest.outputs:

@@ -41,9 +41,25 @@ def nsysan(*args: str, **kw) -> subprocess.CompletedProcess[str]:
 
 
 def test_missing_nsys_is_one_line(tmp_path):
-    r = nsysan("capture", "-d", str(tmp_path), "--", "true", env={**os.environ, "NSYS": str(tmp_path / "no-nsys")})
+    r = nsysan("capture", "-d", str(tmp_path / "runs"), "--", "true", env={**os.environ, "NSYS": str(tmp_path / "no-nsys")})
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "install" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists(), "nothing is created when nsys is missing"
+
+
+def test_short_nsys_options_replace_the_defaults():
+    argv = nsys_argv("nsys", "out", ["python"], ["-t=nvtx", "-s=cpu"])
+    assert "--trace=nvtx" in argv and "--sample=cpu" in argv and not any(a.startswith("-t") for a in argv)
+
+
+@pytest.mark.parametrize(("env", "marked"), [({"RANK": "3", "LOCAL_RANK": "1"}, True), ({"RANK": "3"}, False), ({}, False)])
+def test_the_hook_marks_torchrun_workers_only(env, marked):
+    from nsysan.capture.run import HOOK_DIR
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "NSYSAN_RANK_MARKED")}
+    r = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('NSYSAN_RANK_MARKED', ''))"],
+                       env={**clean, **env, "PYTHONPATH": str(HOOK_DIR)}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bool(r.stdout.strip()) is marked
 
 
 def test_unknown_workload(tmp_path):
@@ -88,14 +104,25 @@ def test_failing_workload_keeps_its_report_and_exit_code(nsys_bin, tmp_path):
 
 
 @pytest.mark.nsys
-def test_ctrl_c_still_leaves_a_finished_report(nsys_bin, tmp_path):
-    script = "import time, nvtx\nwith nvtx.annotate('waiting', domain='nsysan'):\n    time.sleep(120)\n"
-    proc = subprocess.Popen([sys.executable, "-m", "nsysan", "capture", "-d", str(tmp_path), "--", sys.executable, "-c", script],
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_interrupting_still_leaves_a_finished_report(nsys_bin, tmp_path, how):
+    started = tmp_path / "started"
+    script = (f"import pathlib, time, nvtx\nwith nvtx.annotate('waiting', domain='nsysan'):\n"
+              f"    pathlib.Path({str(started)!r}).touch()\n    time.sleep(120)\n")  # fmt: skip
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "nsysan", "capture", "-d", str(runs), "--", sys.executable, "-c", script],
                             env={**os.environ, "NSYS": str(nsys_bin)}, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    time.sleep(8)
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    deadline = time.monotonic() + 120
+    while not started.exists() and time.monotonic() < deadline:  # the workload runs under nsys
+        time.sleep(0.2)
+    assert started.exists(), "the workload never started"
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    else:
+        proc.send_signal(signal.SIGTERM)  # a scheduler stopping nsysan alone
     out, err = proc.communicate(timeout=180)
+    tmp_path = runs
     assert proc.returncode == 130, err[-2000:]
     manifest = json.loads((_only_run(tmp_path) / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"

@@ -18,10 +18,14 @@ DEFAULT_OPTIONS: dict[str, str] = {
 }
 
 
+# short spellings of the options nsysan sets, so an override replaces rather than repeats them
+_SHORT = {"-t": "--trace", "-s": "--sample", "-f": "--force-overwrite"}
+
+
 def split_option(arg: str) -> tuple[str, str | None]:
-    """'--trace=cuda' -> ('--trace', 'cuda'); '--stats' -> ('--stats', None)."""
+    """'--trace=cuda' -> ('--trace', 'cuda'); '-t=cuda' -> ('--trace', 'cuda'); '--stats' -> ('--stats', None)."""
     name, sep, value = arg.partition("=")
-    return name, (value if sep else None)
+    return _SHORT.get(name, name), (value if sep else None)
 
 
 def nsys_argv(nsys: str, output: str, command: Sequence[str], overrides: Sequence[str] = ()) -> list[str]:

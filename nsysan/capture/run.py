@@ -47,7 +47,7 @@ class Manifest:
     hostname: str
     environment: dict[str, str]
     started_utc: str
-    status: str = "running"  # running | ok | workload failed | interrupted | nsys failed
+    status: str = "running"  # running | ok | workload failed | interrupted | export failed | nsys failed
     finished_utc: str | None = None
     duration_s: float | None = None
     exit_code: int | None = None
@@ -69,15 +69,24 @@ def _now() -> str:
 
 
 def run_directory(root: Path, name: str) -> Path:
-    """A fresh directory for this run: ROOT/<utc time>-<name>."""
+    """A fresh directory for this run: ROOT/<utc time>-<name>[-N] (mkdir decides, so two captures
+    starting in the same second cannot take the same one)."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    path = root / f"{stamp}-{name}"
-    suffix = 1
-    while path.exists():
-        suffix += 1
-        path = root / f"{stamp}-{name}-{suffix}"
-    path.mkdir(parents=True)
-    return path
+    root.mkdir(parents=True, exist_ok=True)
+    for suffix in range(1, 10_000):
+        path = root / (f"{stamp}-{name}" + (f"-{suffix}" if suffix > 1 else ""))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise InputError(f"{root}: cannot create a run directory for {name}")
+
+
+def check_nsys() -> tuple[Path, str]:
+    """The nsys to use and its version; raises with an install hint when there is none usable."""
+    nsys = find_nsys()
+    return nsys, nsys_version(nsys)
 
 
 def capture(
@@ -86,54 +95,73 @@ def capture(
     *,
     nsys_options: Sequence[str] = (),
     workload: dict[str, object] | None = None,
+    nsys: tuple[Path, str] | None = None,
     say: Callable[[str], None] = lambda line: print(f"nsysan: {line}", file=sys.stderr, flush=True),
 ) -> tuple[Manifest, Path]:
     """Profile ``command``; return the manifest and the run directory. Never raises for a failing
-    workload (the manifest's exit code says so); raises CaptureFailed when nsys produced nothing."""
+    workload (the manifest's exit code says so); raises CaptureFailed when nsys produced nothing.
+
+    SIGINT and SIGTERM are passed to nsys as SIGINT, so it stops the workload and finishes the
+    report; the manifest is written whatever happens.
+    """
     if not command:
         raise InputError("no command to capture: give one after `--`, or --workload NAME")
-    nsys = find_nsys()
-    version = nsys_version(nsys)
+    nsys_path, version = nsys or check_nsys()
     output_dir.mkdir(parents=True, exist_ok=True)
     base = output_dir / REPORT
     try:
-        argv = nsys_argv(str(nsys), str(base), command, nsys_options)
+        argv = nsys_argv(str(nsys_path), str(base), command, nsys_options)
     except ValueError as exc:
         raise InputError(f"--nsys: {exc}") from None
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *filter(None, [env.get("PYTHONPATH")])])
     manifest = Manifest(
-        nsysan_version=__version__, command=list(command), nsys=str(nsys), nsys_version=version, nsys_argv=argv,
+        nsysan_version=__version__, command=list(command), nsys=str(nsys_path), nsys_version=version, nsys_argv=argv,
         hostname=platform.node(), environment=_relevant_env(env), started_utc=_now(), workload=workload or {},
     )  # fmt: skip
     manifest.write(output_dir)
     say(f"capturing with nsys {version} into {output_dir}")
     start = time.monotonic()
-    interrupted = False
-    proc = subprocess.Popen(argv, env=env)
-    while True:
-        try:
-            code = proc.wait()
-            break
-        except KeyboardInterrupt:  # the terminal sent SIGINT to nsys too: let it finish the report
-            if interrupted:
-                proc.send_signal(signal.SIGKILL)
-            interrupted = True
-            say("interrupted: waiting for nsys to finish the report (Ctrl-C again to abandon it)")
+    signals: list[int] = []
+    proc: subprocess.Popen | None = None
+
+    def forward(signum: int, frame: object) -> None:
+        signals.append(signum)
+        if proc is not None and proc.poll() is None:
+            if len(signals) == 1:
+                say("interrupted: nsys is finishing the report (signal again to abandon it)")
+                proc.send_signal(signal.SIGINT)
+            else:
+                proc.kill()
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    code: int | None = None
     rep, sqlite = base.with_suffix(".nsys-rep"), base.with_suffix(".sqlite")
-    if rep.exists() and not sqlite.exists():
-        say("exporting to SQLite")
-        subprocess.run([str(nsys), "export", "--type=sqlite", f"--output={sqlite}", "--force-overwrite=true", str(rep)],
-                       check=False)  # fmt: skip
-    manifest.finished_utc = _now()
-    manifest.duration_s = round(time.monotonic() - start, 3)
-    manifest.exit_code = 130 if interrupted else code
-    manifest.outputs = {kind: str(p) for kind, p in (("nsys-rep", rep), ("sqlite", sqlite)) if p.exists()}
-    if not rep.exists():
-        manifest.status = "nsys failed"
+    try:
+        # nsys gets its own session: a terminal's Ctrl-C reaches only nsysan, which passes exactly one
+        # SIGINT on (a second one makes nsys abandon the report)
+        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        code = proc.wait()
+        if rep.exists() and not sqlite.exists() and len(signals) < 2:
+            say("exporting to SQLite")
+            subprocess.run([str(nsys_path), "export", "--type=sqlite", f"--output={sqlite}", "--force-overwrite=true",
+                            str(rep)], check=False)  # fmt: skip
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        manifest.finished_utc = _now()
+        manifest.duration_s = round(time.monotonic() - start, 3)
+        manifest.exit_code = 130 if signals else code
+        manifest.outputs = {kind: str(p) for kind, p in (("nsys-rep", rep), ("sqlite", sqlite)) if p.exists()}
+        if not rep.exists():
+            manifest.status = "nsys failed"
+        elif not sqlite.exists():
+            manifest.status = "export failed"
+            manifest.exit_code = manifest.exit_code or 1
+        else:
+            manifest.status = "interrupted" if signals else "ok" if code == 0 else "workload failed"
         manifest.write(output_dir)
+    if manifest.status == "nsys failed":
         raise CaptureFailed(f"nsys wrote no report (exit code {code}); see its messages above and {output_dir / 'manifest.json'}")
-    manifest.status = "interrupted" if interrupted else "ok" if code == 0 else "workload failed"
-    manifest.write(output_dir)
     say(f"{manifest.status}: {sqlite if sqlite.exists() else rep} (exit code {manifest.exit_code})")
     return manifest, output_dir

@@ -2,8 +2,9 @@
 
 Rank 0 streams messages to rank 1 (and back) on a background thread while both ranks run the same
 GEMM in a loop; each GEMM is an NVTX range saying whether communication was running. Rank 0 prints
-the median GEMM time alone and overlapped, per transport. On GPUs, ``--transport nccl`` runs an
-all-reduce on a side stream instead, the situation ``comm_compute_slowdown`` measures.
+the median GEMM time alone and overlapped, per transport. On GPUs, ``--transport nccl`` runs
+all-reduces (on NCCL's own stream) beside the GEMMs instead, the situation ``comm_compute_slowdown``
+measures.
 """
 
 from __future__ import annotations
@@ -22,14 +23,23 @@ GEMM = 512
 MESSAGE = 16 << 20
 
 
-def _gemms(a: torch.Tensor, b: torch.Tensor, count: int, label: str, sync) -> list[float]:  # noqa: ANN001
+def _gemms(a: torch.Tensor, b: torch.Tensor, count: int, label: str) -> list[float]:
+    """Seconds per GEMM. On a GPU, CUDA events on the GEMM's own stream time the kernel alone (a
+    device-wide synchronize would also wait for the communication running beside it)."""
     times = []
     for i in range(count):
         with annotate(f"gemm {label} {i}"):
-            start = time.perf_counter()
-            a @ b
-            sync()
-            times.append(time.perf_counter() - start)
+            if a.is_cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                a @ b
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                start_s = time.perf_counter()
+                a @ b
+                times.append(time.perf_counter() - start_s)
     return times
 
 
@@ -38,19 +48,20 @@ def main() -> None:
     rank, world, device = init(args.transport)
     if world < 2:
         raise SystemExit("overlap needs at least 2 ranks (--nproc 2 or more)")
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     a = torch.randn(GEMM, GEMM, device=device)
     b = torch.randn(GEMM, GEMM, device=device)
     links = Links(args.transport, rank, world) if args.transport != "nccl" else None
     count = 20 * args.steps
-    alone = _gemms(a, b, count, "alone", sync)
+    alone = _gemms(a, b, count, "alone")
     stop = threading.Event()
 
     def communicate() -> None:
         """Rank 0 decides how long data flows: a header before each message, 0 to end."""
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # a new thread starts on device 0
         buf = torch.ones(MESSAGE // 4, device=device)
         header = torch.zeros(1)
-        if links is None:  # NCCL: the same number of all-reduces on every rank
+        if links is None:  # NCCL (its own stream): the same number of all-reduces on every rank
             for _ in range(count // 2):
                 with annotate("communication"):
                     dist.all_reduce(buf)
@@ -74,7 +85,7 @@ def main() -> None:
         mover = threading.Thread(target=communicate, daemon=True)
         mover.start()
         time.sleep(0.05)
-        overlapped = _gemms(a, b, count, "overlapped", sync)
+        overlapped = _gemms(a, b, count, "overlapped")
         stop.set()
         mover.join(timeout=120)
     else:

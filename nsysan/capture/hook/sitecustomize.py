@@ -1,7 +1,7 @@
 """Imported by every Python process that ``nsysan capture`` starts (it is first on PYTHONPATH).
 
-In a torchrun worker (RANK is set, and no parent process marked it already), it writes one NVTX
-mark in the ``nsysan`` domain:
+In a torchrun worker (RANK and LOCAL_RANK are set, and no parent process marked it already), it
+writes one NVTX mark in the ``nsysan`` domain:
 ``nsysan rank=R local_rank=L world_size=W``, which ``nsysan report`` uses to attribute the process
 to its rank. Then it hands over to any other sitecustomize on the path, so user set-up still runs.
 It never raises: a capture must not fail because of it.
@@ -13,7 +13,8 @@ import sys
 
 def _mark_rank() -> None:
     rank = os.environ.get("RANK")
-    if rank is None or os.environ.get("NSYSAN_RANK_MARKED"):
+    # a torchrun worker has RANK and LOCAL_RANK; a launcher may have RANK alone (Kubeflow, Slurm)
+    if rank is None or os.environ.get("LOCAL_RANK") is None or os.environ.get("NSYSAN_RANK_MARKED"):
         return
     # children (multiprocessing helpers, data-loader workers) inherit RANK but are not the rank
     os.environ["NSYSAN_RANK_MARKED"] = str(os.getpid())
