@@ -53,7 +53,7 @@ except ImportError:
     nvtx = None
 
 
-_MIN_POLL, _MAX_POLL = 20e-6, 2e-3  # seconds between store polls when nothing moved
+_MIN_POLL, _MAX_POLL = 20e-6, 5e-4  # seconds between store polls when nothing moved
 
 
 @dataclass
