@@ -1,0 +1,87 @@
+"""The review store's tables: traces, their findings, and what the team says about them."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+SCHEMA_VERSION = 1
+FINDING_STATUSES = ("open", "confirmed", "false positive", "fixed")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: sa.JSON, list[Any]: sa.JSON}
+
+
+class Meta(Base):
+    """One row: the schema version, so a newer nsysan can migrate an older store."""
+
+    __tablename__ = "nsysan_meta"
+    key: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(sa.String(256))
+
+
+class TraceRecord(Base):
+    __tablename__ = "traces"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(256))
+    paths: Mapped[list[Any]] = mapped_column()  # server-side files; never taken from a browser
+    status: Mapped[str] = mapped_column(sa.String(16), default="registered")  # registered|analysing|ready|failed
+    error: Mapped[str | None] = mapped_column(sa.Text, default=None)
+    ranks: Mapped[list[Any]] = mapped_column(default=list)
+    devices: Mapped[list[Any]] = mapped_column(default=list)
+    captured_utc_ns: Mapped[int | None] = mapped_column(sa.BigInteger, default=None)
+    summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    registered_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
+    findings: Mapped[list[FindingRecord]] = relationship(back_populates="trace", cascade="all, delete-orphan")
+    notes: Mapped[list[NoteRecord]] = relationship(back_populates="trace", cascade="all, delete-orphan")
+
+
+class FindingRecord(Base):
+    __tablename__ = "findings"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    trace_id: Mapped[int] = mapped_column(sa.ForeignKey("traces.id", ondelete="CASCADE"), index=True)
+    kind: Mapped[str] = mapped_column(sa.String(64))
+    severity: Mapped[str] = mapped_column(sa.String(16))
+    rank: Mapped[int | None] = mapped_column(default=None)
+    device: Mapped[int | None] = mapped_column(default=None)
+    pid: Mapped[int | None] = mapped_column(default=None)
+    start_ns: Mapped[int] = mapped_column(sa.BigInteger)
+    end_ns: Mapped[int] = mapped_column(sa.BigInteger)
+    impact_ns: Mapped[int] = mapped_column(sa.BigInteger)
+    title: Mapped[str] = mapped_column(sa.Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    advice: Mapped[str] = mapped_column(sa.Text)
+    status: Mapped[str] = mapped_column(sa.String(16), default="open")
+    assignee: Mapped[str | None] = mapped_column(sa.String(128), default=None)
+    version: Mapped[int] = mapped_column(default=1)  # optimistic concurrency: every edit names the version it saw
+    trace: Mapped[TraceRecord] = relationship(back_populates="findings")
+    comments: Mapped[list[CommentRecord]] = relationship(back_populates="finding", cascade="all, delete-orphan",
+                                                         order_by="CommentRecord.id")  # fmt: skip
+
+
+class CommentRecord(Base):
+    __tablename__ = "comments"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    finding_id: Mapped[int] = mapped_column(sa.ForeignKey("findings.id", ondelete="CASCADE"), index=True)
+    author: Mapped[str] = mapped_column(sa.String(128))
+    body: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
+    finding: Mapped[FindingRecord] = relationship(back_populates="comments")
+
+
+class NoteRecord(Base):
+    __tablename__ = "trace_notes"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    trace_id: Mapped[int] = mapped_column(sa.ForeignKey("traces.id", ondelete="CASCADE"), index=True)
+    author: Mapped[str] = mapped_column(sa.String(128))
+    body: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
+    trace: Mapped[TraceRecord] = relationship(back_populates="notes")

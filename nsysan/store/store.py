@@ -1,0 +1,245 @@
+"""ReviewStore: traces, findings and the team's review of them, in a real database.
+
+A SQLite file by default, PostgreSQL when given a URL (``postgresql+psycopg://...``); the schema is
+created on first use and its version recorded. Every edit of a finding names the version it was
+based on; an edit based on a stale version is refused (:class:`StaleEdit`), so two people editing
+the same finding never silently overwrite each other. No SQL is built from user text: everything
+goes through SQLAlchemy with bound parameters.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from nsysan.errors import InputError, NsysanError
+from nsysan.store.models import (
+    FINDING_STATUSES,
+    SCHEMA_VERSION,
+    Base,
+    CommentRecord,
+    FindingRecord,
+    Meta,
+    NoteRecord,
+    TraceRecord,
+)
+
+
+class StaleEdit(NsysanError):
+    """Someone changed the finding since this edit's author loaded it."""
+
+    exit_code = 1
+
+
+class NotFound(InputError):
+    pass
+
+
+def store_url(url_or_path: str | os.PathLike[str] | None) -> str:
+    """A SQLAlchemy URL: given as one, or a SQLite file path (default ``nsysan-review.sqlite``)."""
+    text = str(url_or_path or "nsysan-review.sqlite")
+    return text if "://" in text else f"sqlite:///{Path(text).resolve()}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    fixed: list[dict[str, Any]]
+    new: list[dict[str, Any]]
+    unchanged: list[dict[str, Any]]
+    step_ns_before: float | None
+    step_ns_after: float | None
+
+
+class ReviewStore:
+    def __init__(self, url: str | os.PathLike[str] | None = None) -> None:
+        self.url = store_url(url)
+        self.engine = sa.create_engine(self.url, pool_pre_ping=True)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Create missing tables and record the schema version (the first migration there is)."""
+        Base.metadata.create_all(self.engine)
+        with self._session.begin() as s:
+            row = s.get(Meta, "schema_version")
+            if row is None:
+                s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+            elif int(row.value) > SCHEMA_VERSION:
+                raise InputError(f"{self.url}: store schema {row.value} is newer than this nsysan ({SCHEMA_VERSION})")
+
+    def session(self) -> Session:
+        return self._session()
+
+    # -- traces ---------------------------------------------------------------------------------
+
+    def register(self, paths: Sequence[str | os.PathLike[str]], name: str | None = None) -> int:
+        """Register exports already on the server (validated as nsys exports first)."""
+        from nsysan.ingest import expand_inputs, load_trace
+
+        files = [str(p.resolve()) for p in expand_inputs(paths)]
+        with load_trace(files):  # raises a one-line InputError for anything that is not an export
+            pass
+        with self._session.begin() as s:
+            record = TraceRecord(name=name or Path(files[0]).stem, paths=files)
+            s.add(record)
+            s.flush()
+            return record.id
+
+    def analyse(self, trace_id: int) -> None:
+        """Run the report on a registered trace and store its findings (replacing earlier ones)."""
+        from nsysan.ingest import load_trace
+        from nsysan.report import analyse
+
+        with self._session.begin() as s:
+            record = self._trace(s, trace_id)
+            record.status, paths = "analysing", list(record.paths)
+        try:
+            with load_trace(paths) as trace:
+                doc = analyse(trace)
+                starts = [e.session_start_utc_ns for e in trace.exports if e.session_start_utc_ns]
+        except NsysanError as exc:
+            with self._session.begin() as s:
+                record = self._trace(s, trace_id)
+                record.status, record.error = "failed", str(exc)
+            raise
+        with self._session.begin() as s:
+            record = self._trace(s, trace_id)
+            record.findings.clear()
+            record.findings.extend(FindingRecord(**f) for f in doc["findings"])
+            record.summary = doc["summary"]
+            record.ranks = sorted({r for t in doc["traces"] for r in t["ranks"]})
+            record.devices = sorted({d for t in doc["traces"] for d in t["devices"]})
+            record.captured_utc_ns = min(starts) if starts else None
+            record.status, record.error = "ready", None
+
+    def traces(self) -> list[dict[str, Any]]:
+        """The library: every trace with its finding counts by severity."""
+        with self.session() as s:
+            counts = dict.fromkeys(("info", "warning", "critical"), 0)
+            rows = s.execute(
+                sa.select(FindingRecord.trace_id, FindingRecord.severity, sa.func.count()).group_by(
+                    FindingRecord.trace_id, FindingRecord.severity
+                )
+            ).all()
+            by_trace: dict[int, dict[str, int]] = {}
+            for trace_id, severity, n in rows:
+                by_trace.setdefault(trace_id, dict(counts))[severity] = n
+            return [
+                {"id": t.id, "name": t.name, "status": t.status, "error": t.error, "ranks": t.ranks,
+                 "devices": t.devices, "captured_utc_ns": t.captured_utc_ns,
+                 "findings": by_trace.get(t.id, dict(counts))}
+                for t in s.scalars(sa.select(TraceRecord).order_by(TraceRecord.id))
+            ]  # fmt: skip
+
+    def _trace(self, s: Session, trace_id: int) -> TraceRecord:
+        record = s.get(TraceRecord, trace_id)
+        if record is None:
+            raise NotFound(f"no trace {trace_id}")
+        return record
+
+    # -- findings and review --------------------------------------------------------------------
+
+    def findings(self, trace_id: int, *, kind: str | None = None, severity: str | None = None,
+                 rank: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        query = sa.select(FindingRecord).where(FindingRecord.trace_id == trace_id)
+        for column, value in ((FindingRecord.kind, kind), (FindingRecord.severity, severity), (FindingRecord.rank, rank)):
+            if value is not None:
+                query = query.where(column == value)
+        with self.session() as s:
+            return [_finding(f) for f in s.scalars(query.order_by(FindingRecord.impact_ns.desc(), FindingRecord.id))]
+
+    def finding(self, finding_id: int) -> dict[str, Any]:
+        with self.session() as s:
+            record = s.get(FindingRecord, finding_id)
+            if record is None:
+                raise NotFound(f"no finding {finding_id}")
+            return _finding(record) | {"comments": [_comment(c) for c in record.comments]}
+
+    def update_finding(self, finding_id: int, *, based_on_version: int, status: str | None = None,
+                       assignee: str | None = None) -> int:  # fmt: skip
+        """Change status and/or assignee; returns the new version. Refuses stale edits."""
+        changes: dict[str, Any] = {}
+        if status is not None:
+            if status not in FINDING_STATUSES:
+                raise InputError(f"status {status!r}: one of {', '.join(FINDING_STATUSES)}")
+            changes["status"] = status
+        if assignee is not None:
+            changes["assignee"] = assignee.strip() or None
+        with self._session.begin() as s:
+            # one statement: compare-and-set on the version, atomic in SQLite and PostgreSQL alike
+            result = s.execute(
+                sa.update(FindingRecord)
+                .where(FindingRecord.id == finding_id, FindingRecord.version == based_on_version)
+                .values(**changes, version=FindingRecord.version + 1)
+            )
+            if result.rowcount == 1:
+                return based_on_version + 1
+            current = s.get(FindingRecord, finding_id)
+        if current is None:
+            raise NotFound(f"no finding {finding_id}")
+        raise StaleEdit(
+            f"finding {finding_id} was changed by someone else (now version {current.version}, status "
+            f"{current.status!r}, assignee {current.assignee!r}); reload it and apply your change again"
+        )
+
+    def comment(self, finding_id: int, author: str, body: str) -> int:
+        if not body.strip():
+            raise InputError("an empty comment")
+        with self._session.begin() as s:
+            if s.get(FindingRecord, finding_id) is None:
+                raise NotFound(f"no finding {finding_id}")
+            record = CommentRecord(finding_id=finding_id, author=author, body=body)
+            s.add(record)
+            s.flush()
+            return record.id
+
+    def note(self, trace_id: int, author: str, body: str) -> int:
+        with self._session.begin() as s:
+            self._trace(s, trace_id)
+            record = NoteRecord(trace_id=trace_id, author=author, body=body)
+            s.add(record)
+            s.flush()
+            return record.id
+
+    def notes(self, trace_id: int) -> list[dict[str, Any]]:
+        with self.session() as s:
+            return [_comment(n) for n in s.scalars(sa.select(NoteRecord).where(NoteRecord.trace_id == trace_id).order_by(NoteRecord.id))]
+
+    # -- compare --------------------------------------------------------------------------------
+
+    def compare(self, before: int, after: int) -> Comparison:
+        """Two captures of one job (before/after a fix): findings fixed, new, unchanged, step time."""
+        a, b = self.findings(before), self.findings(after)
+        key = lambda f: (f["kind"], f["rank"], f["device"])  # noqa: E731 - the identity of a problem
+        keys_a, keys_b = {key(f) for f in a}, {key(f) for f in b}
+        with self.session() as s:
+            steps = [_step_ns(self._trace(s, t).summary) for t in (before, after)]
+        return Comparison(
+            fixed=[f for f in a if key(f) not in keys_b],
+            new=[f for f in b if key(f) not in keys_a],
+            unchanged=[f for f in b if key(f) in keys_a],
+            step_ns_before=steps[0],
+            step_ns_after=steps[1],
+        )
+
+
+def _step_ns(summary: dict[str, Any]) -> float | None:
+    """Mean duration of NVTX ranges called ``step ...``, the job's step time, when it has them."""
+    rows = [r for r in summary.get("nvtx_ranges", []) if str(r.get("range", "")).lower().startswith("step")]
+    count = sum(r["count"] for r in rows)
+    return sum(r["total_ns"] for r in rows) / count if count else None
+
+
+def _finding(f: FindingRecord) -> dict[str, Any]:
+    return {c: getattr(f, c) for c in ("id", "trace_id", "kind", "severity", "rank", "device", "pid", "start_ns", "end_ns",
+                                        "impact_ns", "title", "evidence", "advice", "status", "assignee", "version")}  # fmt: skip
+
+
+def _comment(c: CommentRecord | NoteRecord) -> dict[str, Any]:
+    return {"id": c.id, "author": c.author, "body": c.body, "created_at": c.created_at.isoformat()}
