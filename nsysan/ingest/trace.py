@@ -237,11 +237,8 @@ class Trace:
     def devices(self) -> pd.DataFrame:
         return self._gather(frames.read_gpus, with_rank=False)
 
-    def count(self, role: str) -> int:
-        """Rows of a table role across exports, counted in SQL without loading the frame."""
-        return sum(self.count_in_export(i, role) for i in range(len(self._exports)))
-
     def count_in_export(self, index: int, role: str) -> int:
+        """Rows of a table role in one export, counted in SQL without loading the frame."""
         x = self._exports[index]
         table = find_table(x, role)
         return x.count(table) if table else 0

@@ -87,10 +87,6 @@ class _NullRange:
         return None
 
 
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB" if nbytes >= 2**10 else f"{nbytes} B"
-
-
 class Handle:
     """A pending send or receive. ``wait`` raises what the transfer raised."""
 
