@@ -1,0 +1,302 @@
+"""The overview timeline: one row per rank, GPU and lane (compute, NCCL, copies, NVTX).
+
+A 1M-kernel trace cannot be drawn kernel by kernel, so each row decides for itself: when the
+visible window holds few enough intervals it draws every one (with its name on hover), otherwise
+it draws how busy the lane was in each of ``bins`` time slices, computed from the merged
+intervals by binary search (:func:`nsysan.intervals.covered_ns`). Zooming in therefore always
+ends in full detail, and the cost of a figure grows with rows x bins, not with kernels.
+
+:class:`TimelineData` is built once per trace (the slow part: reading the columns) and kept by
+the server; :meth:`TimelineData.figure` is what runs on every zoom.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from pandas.api.types import union_categoricals
+
+from nsysan.errors import InputError
+from nsysan.ingest.frames import NVTX_RANGE_TYPES
+from nsysan.ingest.trace import Trace
+from nsysan.intervals import covered_ns, merge
+
+LANES = ("compute", "NCCL", "copies", "NVTX")
+LANE_COLOURS = {"compute": "#1f77b4", "NCCL": "#ff7f0e", "copies": "#2ca02c", "NVTX": "#9467bd"}
+SEVERITY_COLOURS = {"info": "#7f7f7f", "warning": "#e6a100", "critical": "#d62728"}
+ROW_DETAIL_LIMIT = 2_000  # intervals a row may show one by one before it is drawn as occupancy
+DEFAULT_BINS = 600
+_KERNEL_COLUMNS = ("pid", "device", "start_ns", "end_ns", "short_name", "correlation_id")
+
+
+class EmptyTimeline(InputError):
+    """A trace with nothing to draw (no kernels, copies or NVTX ranges)."""
+
+
+@dataclass
+class TimelineData:
+    """Every interval of a trace on the job clock, sorted by (row, start), plus per-row indexes."""
+
+    rows: pd.DataFrame  # row, label, rank, device, lane; ordered as drawn
+    row: np.ndarray  # per interval
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray  # index into names
+    names: np.ndarray
+    correlation: np.ndarray  # -1 where the interval has none (NVTX)
+    bounds: np.ndarray  # intervals of row i are [bounds[i], bounds[i+1])
+    max_duration: np.ndarray  # per row: how far before a window an interval can start and still show
+    merged: list[pd.DataFrame]  # per row: disjoint intervals, for occupancy
+    rank_offset: dict[int, int]  # rank -> ns added to its export's clock to reach the job clock
+    origin_ns: int
+
+    @property
+    def extent_ns(self) -> tuple[int, int]:
+        if len(self.start) == 0:
+            return self.origin_ns, self.origin_ns + 1
+        return self.origin_ns, int(self.end.max())
+
+    @property
+    def intervals(self) -> int:
+        return len(self.start)
+
+    @classmethod
+    def from_trace(cls, trace: Trace) -> TimelineData:
+        offset = trace.job_clock()
+        parts = []
+        k = trace.kernel_columns(_KERNEL_COLUMNS)
+        if len(k):
+            parts.append(pd.DataFrame({
+                "export": k["export"], "rank": k["rank"], "pid": k["pid"], "device": k["device"],
+                "lane": np.where(k["nccl_kind"].notna(), "NCCL", "compute"),
+                "start": k["start_ns"], "end": k["end_ns"], "name": k["short_name"],
+                "correlation": k["correlation_id"],
+            }))  # fmt: skip
+        for frame, label in ((trace.memcpy, None), (trace.memset, "memset")):
+            if len(frame):
+                what = frame["copy_kind"].astype(str) if label is None else pd.Series(label, index=frame.index)
+                parts.append(pd.DataFrame({
+                    "export": frame["export"], "rank": frame["rank"], "pid": frame["pid"], "device": frame["device"],
+                    "lane": "copies", "start": frame["start_ns"], "end": frame["end_ns"],
+                    "name": what + " " + _bytes(frame["bytes"]), "correlation": frame["correlation_id"],
+                }))  # fmt: skip
+        nvtx = trace.nvtx
+        if len(nvtx):
+            ranges = nvtx[nvtx["event_type"].isin(NVTX_RANGE_TYPES) & nvtx["end_ns"].notna()]
+            parts.append(pd.DataFrame({
+                "export": ranges["export"], "rank": ranges["rank"], "pid": ranges["pid"], "device": pd.NA,
+                "lane": "NVTX", "start": ranges["start_ns"], "end": ranges["end_ns"],
+                "name": ranges["text"].astype(str), "correlation": pd.NA,
+            }))  # fmt: skip
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            raise EmptyTimeline("the trace has no kernels, copies or NVTX ranges to draw")
+        d = pd.concat([p.drop(columns="name") for p in parts], ignore_index=True)
+        # names stay categorical: a million kernels share a few hundred names
+        d["name"] = union_categoricals([_categorical(p["name"]) for p in parts], ignore_order=True)
+        d = d.dropna(subset=["start", "end"])
+        shift = d["export"].map(offset).fillna(0).astype("int64")
+        d["start"] = d["start"].astype("int64") + shift
+        d["end"] = d["end"].astype("int64") + shift
+        key = _row_key(d)
+        rows = _rows(d.loc[key.drop_duplicates().index], key.drop_duplicates())
+        d["row"] = pd.Index(rows["key"]).get_indexer(key)
+        d = d.sort_values(["row", "start"], kind="stable")
+        names = d["name"].array
+        row = d["row"].to_numpy(dtype=np.int64)
+        start, end = d["start"].to_numpy(dtype=np.int64), d["end"].to_numpy(dtype=np.int64)
+        bounds = np.searchsorted(row, np.arange(len(rows) + 1))
+        duration = pd.Series(end - start).groupby(row).max().reindex(range(len(rows)), fill_value=0)
+        merged_all = merge(pd.DataFrame({"row": row, "start_ns": start, "end_ns": end}), ["row"])
+        cut = np.searchsorted(merged_all["row"].to_numpy(), np.arange(len(rows) + 1))
+        ranks = trace.ranks.dropna(subset=["rank"])
+        return cls(
+            rows=rows.drop(columns=["key"]),
+            row=row, start=start, end=end,
+            name=names.codes.astype(np.int32), names=np.asarray(names.categories, dtype=object),
+            correlation=d["correlation"].fillna(-1).to_numpy(dtype=np.int64),
+            bounds=bounds, max_duration=duration.to_numpy(dtype=np.int64),
+            merged=[merged_all.iloc[cut[i]:cut[i + 1]] for i in range(len(rows))],
+            rank_offset={int(r): int(offset.get(int(e), 0)) for r, e in zip(ranks["rank"], ranks["export"])},
+            origin_ns=int(start.min()) if len(start) else 0,
+        )  # fmt: skip
+
+    # -- drawing ----------------------------------------------------------------------------
+
+    def figure(
+        self,
+        window_ns: tuple[int, int] | None = None,
+        findings: Sequence[dict[str, Any]] = (),
+        *,
+        highlight: dict[str, Any] | None = None,
+        bins: int = DEFAULT_BINS,
+        row_detail_limit: int = ROW_DETAIL_LIMIT,
+    ) -> go.Figure:
+        """The timeline over ``window_ns`` (job clock; default: everything), with a marker per
+        finding; ``highlight`` (a finding) gets its window shaded and its evidence kernels outlined."""
+        t0, t1 = window_ns or self.extent_ns
+        t1 = max(t1, t0 + 1)
+        labels = self.rows["label"].tolist()
+        ms = lambda ns: (np.asarray(ns, dtype=np.float64) - self.origin_ns) / 1e6  # noqa: E731
+        fig = go.Figure()
+        edges = np.linspace(t0, t1, bins + 1).astype(np.int64)
+        detail: dict[str, list[np.ndarray]] = {lane: [] for lane in LANES}
+        heat: dict[str, tuple[list[str], list[np.ndarray]]] = {lane: ([], []) for lane in LANES}
+        for i, lane in enumerate(self.rows["lane"]):
+            lo, hi = self._visible(i, t0, t1)
+            if hi - lo <= row_detail_limit:
+                detail[lane].append(np.arange(lo, hi))
+            else:
+                busy = covered_ns(edges[:-1], edges[1:], self.merged[i]) / np.maximum(np.diff(edges), 1)
+                heat[lane][0].append(labels[i])
+                heat[lane][1].append(np.where(busy > 0, busy, np.nan))
+        centres = ms((edges[:-1] + edges[1:]) / 2)
+        for lane in LANES:
+            ys, zs = heat[lane]
+            if ys:
+                fig.add_trace(go.Heatmap(
+                    x=centres, y=ys, z=np.vstack(zs), zmin=0, zmax=1, showscale=False, name=f"{lane} (busy share)",
+                    colorscale=[[0, "#f4f4f4"], [1, LANE_COLOURS[lane]]], hoverongaps=False,
+                    hovertemplate="%{y}<br>%{x:.3f} ms: busy %{z:.0%}<extra></extra>",
+                ))  # fmt: skip
+        for lane in LANES:
+            idx = np.concatenate(detail[lane]) if detail[lane] else np.array([], dtype=np.int64)
+            if len(idx):
+                fig.add_trace(self._segments(idx, labels, ms, LANE_COLOURS[lane], lane, width=12))
+        if highlight is not None:
+            self._highlight(fig, highlight, labels, ms, t0, t1)
+        self._markers(fig, findings, labels, ms)
+        fig.update_layout(
+            height=90 + 26 * max(len(labels), 1), margin={"l": 10, "r": 10, "t": 10, "b": 40},
+            showlegend=False, plot_bgcolor="white", uirevision="timeline", dragmode="zoom",
+            xaxis={"title": "time since the trace's first activity (ms)", "range": [float(ms(t0)), float(ms(t1))],
+                   "showgrid": True, "gridcolor": "#eee", "zeroline": False},
+            yaxis={"type": "category", "categoryorder": "array", "categoryarray": labels, "autorange": "reversed",
+                   "fixedrange": True, "range": [len(labels) - 0.5, -0.5]},
+        )  # fmt: skip
+        return fig
+
+    def window_for(self, finding: dict[str, Any], margin: float = 1.0) -> tuple[int, int]:
+        """A window around a finding, on the job clock: its span plus ``margin`` of it each side."""
+        shift = self.rank_offset.get(finding.get("rank") if finding.get("rank") is not None else -1, 0)
+        start, end = finding["start_ns"] + shift, max(finding["end_ns"], finding["start_ns"] + 1) + shift
+        pad = int((end - start) * margin) + 1_000
+        return start - pad, end + pad
+
+    def _visible(self, i: int, t0: int, t1: int) -> tuple[int, int]:
+        """Intervals of row i that may overlap [t0, t1): found by binary search on starts."""
+        lo, hi = self.bounds[i], self.bounds[i + 1]
+        starts = self.start[lo:hi]
+        return lo + int(np.searchsorted(starts, t0 - self.max_duration[i])), lo + int(np.searchsorted(starts, t1))
+
+    def _segments(self, idx: np.ndarray, labels: list[str], ms: Any, colour: str, name: str, width: int) -> go.Scattergl:
+        """Intervals as line segments (start, end, gap): one WebGL trace however many there are."""
+        n = len(idx)
+        x = np.column_stack([ms(self.start[idx]), ms(self.end[idx]), np.full(n, np.nan)]).ravel()
+        y = np.repeat(np.asarray(labels, dtype=object)[self.row[idx]], 3)
+        duration_us = (self.end[idx] - self.start[idx]) / 1e3
+        text = [f"{nm}<br>{d:,.1f} us" for nm, d in zip(self.names[self.name[idx]], duration_us)]
+        return go.Scattergl(
+            x=x, y=y, mode="lines", line={"color": colour, "width": width}, name=name, connectgaps=False,
+            hovertext=np.repeat(np.asarray(text, dtype=object), 3), hoverinfo="text",
+        )  # fmt: skip
+
+    def _rows_of(self, rank: int | None, device: int | None) -> list[int]:
+        rows = self.rows
+        where = rows["rank"] == rank if rank is not None else pd.Series(True, index=rows.index)
+        if device is not None:
+            where &= rows["device"].isna() | (rows["device"] == device)
+        return rows.index[where.fillna(False)].tolist()
+
+    def _markers(self, fig: go.Figure, findings: Iterable[dict[str, Any]], labels: list[str], ms: Any) -> None:
+        xs, ys, colours, text, ids = [], [], [], [], []
+        for f in findings:
+            rows = self._rows_of(f.get("rank"), f.get("device")) or [0]
+            if not labels:
+                break
+            start, _ = self.window_for(f, margin=0)
+            xs.append(float(ms(start + 1_000)))
+            ys.append(labels[rows[0]])
+            colours.append(SEVERITY_COLOURS.get(f["severity"], "#000"))
+            text.append(f"[{f['severity']}] {f['title']}")
+            ids.append(f.get("id"))
+        if xs:
+            fig.add_trace(go.Scatter(
+                x=xs, y=ys, mode="markers", name="findings", customdata=ids, hovertext=text, hoverinfo="text",
+                marker={"symbol": "triangle-down", "size": 16, "color": colours, "line": {"color": "black", "width": 1}},
+            ))  # fmt: skip
+
+    def _highlight(self, fig: go.Figure, finding: dict[str, Any], labels: list[str], ms: Any, t0: int, t1: int) -> None:
+        rows = self._rows_of(finding.get("rank"), finding.get("device"))
+        start, end = self.window_for(finding, margin=0)
+        if rows:
+            fig.add_shape(type="rect", xref="x", yref="y", x0=float(ms(start)), x1=float(ms(end)),
+                          y0=min(rows) - 0.5, y1=max(rows) + 0.5, line={"color": "#d62728", "width": 2},
+                          fillcolor="rgba(214,39,40,0.08)", layer="below")  # fmt: skip
+        ids = evidence_correlation_ids(finding.get("evidence", {}))
+        if not ids or not rows:
+            return
+        mine = np.isin(self.row, rows) & np.isin(self.correlation, list(ids))
+        mine &= (self.end >= t0) & (self.start <= t1)
+        idx = np.flatnonzero(mine)
+        if len(idx):
+            fig.add_trace(self._segments(idx, labels, ms, "#d62728", "evidence", width=20))
+
+
+def evidence_correlation_ids(evidence: Any) -> set[int]:
+    """Every correlation id a finding's evidence names (keys ``correlation_id``/``..._ids``), at any depth."""
+    found: set[int] = set()
+    if isinstance(evidence, dict):
+        for key, value in evidence.items():
+            if "correlation_id" in key:
+                values = value if isinstance(value, list) else [value]
+                found.update(int(v) for v in values if isinstance(v, int) and not isinstance(v, bool))
+            else:
+                found |= evidence_correlation_ids(value)
+    elif isinstance(evidence, list):
+        for item in evidence:
+            found |= evidence_correlation_ids(item)
+    return found
+
+
+def _row_key(d: pd.DataFrame) -> pd.Series:
+    """One int64 per interval naming its row: who (the rank, or the pid where the rank is unknown),
+    GPU and lane, packed so a million intervals are keyed without building strings."""
+    who = np.where(d["rank"].notna(), d["rank"].fillna(0).astype("int64"), -1 - d["pid"].astype("int64"))
+    device = d["device"].astype("Float64").fillna(-1).astype("int64").to_numpy()
+    lane = d["lane"].map({lane: i for i, lane in enumerate(LANES)}).to_numpy(dtype=np.int64)
+    return pd.Series((who.astype(np.int64) + (1 << 31)) << 24 | (device + 1) << 8 | lane, index=d.index)
+
+
+def _rows(first: pd.DataFrame, key: pd.Series) -> pd.DataFrame:
+    """The rows to draw, from one interval of each: ordered by rank, then GPU (a process's NVTX
+    after its GPUs), then lane (compute, NCCL, copies, NVTX)."""
+    rows = pd.DataFrame({
+        "key": key.to_numpy(), "rank": first["rank"].astype("Int64").array,
+        "pid": first["pid"].astype("int64").to_numpy(), "lane": first["lane"].to_numpy(),
+        "device": first["device"].astype("Float64").astype("Int64").array,
+    })  # fmt: skip
+    rows["lane_order"] = rows["lane"].map({lane: i for i, lane in enumerate(LANES)})
+    rows["device_order"] = rows["device"].fillna(1 << 30)
+    rows = rows.sort_values(["rank", "pid", "device_order", "lane_order"], na_position="last").reset_index(drop=True)
+    who = np.where(rows["rank"].notna(), "rank " + rows["rank"].astype("string"), "pid " + rows["pid"].astype("string"))
+    gpu = np.where(rows["device"].notna(), " · GPU " + rows["device"].astype("string"), "")
+    rows["label"] = who + gpu + " · " + rows["lane"]
+    return rows[["key", "device", "lane", "rank", "label"]]
+
+
+def _categorical(values: pd.Series) -> pd.Categorical:
+    """As a categorical with plain string categories, so the parts' names can be unioned."""
+    c = pd.Categorical(values)
+    return pd.Categorical.from_codes(c.codes, categories=pd.Index(c.categories.astype(str), dtype=object))
+
+
+def _bytes(values: pd.Series) -> pd.Series:
+    v = values.astype("Float64")
+    return (v / 2**20).round(2).astype("string").fillna("?") + " MiB"
