@@ -190,6 +190,68 @@ def detectors() -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
+def _bundled_traces() -> Optional[Path]:
+    """The committed sample traces, when nsysan runs from its source tree (pip install -e .)."""
+    samples = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
+    return samples if samples.is_dir() else None
+
+
+@app.command()
+def serve(
+    db: Annotated[
+        Optional[str],
+        typer.Option("--db", help="The review store: a SQLite file, or a URL such as postgresql+psycopg://user:pw@host/db."),
+    ] = None,
+    traces_dir: Annotated[
+        Optional[Path],
+        typer.Option("--traces", help="A directory of exports to register at start (and on demand); each "
+                     "file is one trace, each subdirectory of exports one job. Default: the bundled samples."),
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but loopback requires login.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8050,
+    users_file: Annotated[
+        Optional[Path],
+        typer.Option("--users", help='A TOML file with a [users] table of name = "<hash>" (see `nsysan hash-password`); '
+                     "NSYSAN_USERS=name=<hash>,... adds more."),
+    ] = None,
+    uploads_dir: Annotated[Path, typer.Option("--uploads", help="Where uploaded exports are kept.")] = Path("nsysan-uploads"),
+    max_upload_mb: Annotated[int, typer.Option("--max-upload-mb", help="Largest upload accepted, in MiB.")] = 200,
+) -> None:
+    """Open the web dashboard where a team reviews traces and findings together.
+
+    Example: nsysan serve --traces runs/ --db postgresql+psycopg://nsysan@dbhost/nsysan --host 0.0.0.0 --users users.toml
+    """
+    from dashboards.app import Server, start
+    from dashboards.auth import USERS_ENV, is_loopback, load_users
+    from nsysan.store import ReviewStore
+
+    users = load_users(users_file, os.environ.get(USERS_ENV))
+    if not is_loopback(host) and not users:
+        raise InputError(f"--host {host} is reachable from other machines, so login is required: give users with "
+                         f"--users FILE or {USERS_ENV} (hashes from `nsysan hash-password`)")  # fmt: skip
+    traces_dir = traces_dir or _bundled_traces()
+    if traces_dir is not None and not traces_dir.is_dir():
+        raise InputError(f"--traces {traces_dir}: not a directory")
+    if max_upload_mb <= 0:
+        raise InputError("--max-upload-mb must be positive")
+    store = ReviewStore(db)
+    typer.echo(f"nsysan: serving http://{host}:{port}/ (store {store.engine.url.render_as_string(hide_password=True)}"
+               f"{', traces from ' + str(traces_dir) if traces_dir else ''}{', login required' if users else ''})", err=True)  # fmt: skip
+    start(Server(store, traces_dir=traces_dir, uploads_dir=uploads_dir, max_upload_bytes=max_upload_mb * 2**20,
+                 users=users), host, port)  # fmt: skip
+
+
+@app.command("hash-password")
+def hash_password() -> None:
+    """Read a password (twice, not echoed) and print its salted hash for --users or NSYSAN_USERS."""
+    from dashboards.auth import hash_password as make_hash
+
+    password = typer.prompt("Password", hide_input=True, confirmation_prompt=True, err=True)
+    if len(password) < 8:
+        raise InputError("use a password of at least 8 characters")
+    typer.echo(make_hash(password))
+
+
 def main() -> None:
     """Console entry point. Click reports usage errors itself (exit 2); nsysan's own errors become
     one line and their exit code; anything else is a bug, reported in one line (exit 70) unless

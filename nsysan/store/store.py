@@ -118,23 +118,43 @@ class ReviewStore:
             record.captured_utc_ns = min(starts) if starts else None
             record.status, record.error = "ready", None
 
-    def traces(self) -> list[dict[str, Any]]:
+    def mark_failed(self, trace_id: int, error: str) -> None:
+        with self._session.begin() as s:
+            record = self._trace(s, trace_id)
+            record.status, record.error = "failed", error
+
+    def trace(self, trace_id: int) -> dict[str, Any]:
+        """One trace's library row (see :meth:`traces`)."""
+        for row in self.traces(trace_id):
+            return row
+        raise NotFound(f"no trace {trace_id}")
+
+    def trace_paths(self, trace_id: int) -> list[str]:
+        """The server-side files of a trace: for the server only, never sent to a browser."""
+        with self.session() as s:
+            return list(self._trace(s, trace_id).paths)
+
+    def registered_paths(self) -> set[tuple[str, ...]]:
+        with self.session() as s:
+            return {tuple(p) for p in s.scalars(sa.select(TraceRecord.paths))}
+
+    def traces(self, only: int | None = None) -> list[dict[str, Any]]:
         """The library: every trace with its finding counts by severity."""
         with self.session() as s:
             counts = dict.fromkeys(("info", "warning", "critical"), 0)
-            rows = s.execute(
-                sa.select(FindingRecord.trace_id, FindingRecord.severity, sa.func.count()).group_by(
-                    FindingRecord.trace_id, FindingRecord.severity
-                )
-            ).all()
+            counted = sa.select(FindingRecord.trace_id, FindingRecord.severity, sa.func.count())
+            listed = sa.select(TraceRecord).order_by(TraceRecord.id)
+            if only is not None:
+                counted, listed = counted.where(FindingRecord.trace_id == only), listed.where(TraceRecord.id == only)
+            rows = s.execute(counted.group_by(FindingRecord.trace_id, FindingRecord.severity)).all()
             by_trace: dict[int, dict[str, int]] = {}
             for trace_id, severity, n in rows:
                 by_trace.setdefault(trace_id, dict(counts))[severity] = n
             return [
                 {"id": t.id, "name": t.name, "status": t.status, "error": t.error, "ranks": t.ranks,
                  "devices": t.devices, "captured_utc_ns": t.captured_utc_ns,
-                 "findings": by_trace.get(t.id, dict(counts))}
-                for t in s.scalars(sa.select(TraceRecord).order_by(TraceRecord.id))
+                 "findings": by_trace.get(t.id, dict(counts)), "step_ns": _step_ns(t.summary or {})}
+                for t in s.scalars(listed)
             ]  # fmt: skip
 
     def _trace(self, s: Session, trace_id: int) -> TraceRecord:

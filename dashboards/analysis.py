@@ -1,0 +1,124 @@
+"""Analysis in the background, and the timelines the server keeps in memory.
+
+Registering a trace returns at once; a single worker thread runs the report on it (so a big
+trace never blocks the pages) and then prepares its timeline, the one slow step of drawing it.
+Progress is kept per trace for the library page to show.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from dashboards.timeline import TimelineData
+from nsysan.errors import NsysanError
+from nsysan.store import ReviewStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    stage: str  # queued | analysing | preparing timeline | done | failed
+    since: float
+
+    def describe(self) -> str:
+        return f"{self.stage} ({time.monotonic() - self.since:.0f} s)"
+
+
+class TimelineCache:
+    """The last few traces' timelines (a 1M-kernel one holds about 50 MB)."""
+
+    def __init__(self, store: ReviewStore, capacity: int = 4) -> None:
+        self._store = store
+        self._capacity = capacity
+        self._items: OrderedDict[int, TimelineData] = OrderedDict()
+        self._lock = threading.Lock()
+        self._building: dict[int, threading.Lock] = {}
+
+    def get(self, trace_id: int) -> TimelineData:
+        with self._lock:
+            if trace_id in self._items:
+                self._items.move_to_end(trace_id)
+                return self._items[trace_id]
+            building = self._building.setdefault(trace_id, threading.Lock())
+        with building:  # one build per trace, however many pages ask at once
+            with self._lock:
+                if trace_id in self._items:
+                    return self._items[trace_id]
+            data = self._build(trace_id)
+            with self._lock:
+                self._items[trace_id] = data
+                while len(self._items) > self._capacity:
+                    self._items.popitem(last=False)
+                self._building.pop(trace_id, None)
+            return data
+
+    def _build(self, trace_id: int) -> TimelineData:
+        from nsysan.ingest import load_trace
+
+        with load_trace(self._store.trace_paths(trace_id)) as trace:
+            return TimelineData.from_trace(trace)
+
+
+class AnalysisQueue:
+    def __init__(self, store: ReviewStore, timelines: TimelineCache) -> None:
+        self._store = store
+        self._timelines = timelines
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-analysis")
+        self._progress: dict[int, Progress] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, trace_id: int) -> None:
+        self._set(trace_id, "queued")
+        self._pool.submit(self._run, trace_id)
+
+    def resume(self) -> int:
+        """Queue every trace a previous server left unanalysed (or stopped in the middle of)."""
+        pending = [t["id"] for t in self._store.traces() if t["status"] in ("registered", "analysing")]
+        for trace_id in pending:
+            self.submit(trace_id)
+        return len(pending)
+
+    def progress(self, trace_id: int) -> Progress | None:
+        with self._lock:
+            return self._progress.get(trace_id)
+
+    def busy(self) -> bool:
+        with self._lock:
+            return any(p.stage not in ("done", "failed") for p in self._progress.values())
+
+    def wait(self, timeout: float = 60.0) -> bool:
+        """Until nothing is queued or running (for tests and scripts)."""
+        deadline = time.monotonic() + timeout
+        while self.busy():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _set(self, trace_id: int, stage: str) -> None:
+        with self._lock:
+            self._progress[trace_id] = Progress(stage, time.monotonic())
+
+    def _run(self, trace_id: int) -> None:
+        try:
+            self._set(trace_id, "analysing")
+            self._store.analyse(trace_id)
+            self._set(trace_id, "preparing timeline")
+            self._timelines.get(trace_id)
+            self._set(trace_id, "done")
+        except NsysanError as exc:  # the store has recorded the error for the library page
+            log.warning("trace %s: %s", trace_id, exc)
+            self._set(trace_id, "failed")
+        except Exception:
+            log.exception("trace %s: analysis failed", trace_id)
+            self._store.mark_failed(trace_id, "analysis failed unexpectedly; see the server log")
+            self._set(trace_id, "failed")

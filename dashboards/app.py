@@ -1,0 +1,118 @@
+"""The Dash app behind ``nsysan serve``: a shell (navigation, who is reviewing) and a router.
+
+Pages live one per module in ``dashboards/pages``; each has ``layout(server, ...)`` and
+``register(app, server)``. Everything a page needs from the process (store, background analysis,
+timelines, limits) is in one :class:`Server`. Pages address traces and findings by id only: a path
+never comes from the browser.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import dash
+from dash import Input, Output, dcc, html
+
+from dashboards import auth, ids
+from dashboards.analysis import AnalysisQueue, TimelineCache
+from dashboards.library import scan_directory
+from nsysan.store import ReviewStore
+
+DEFAULT_MAX_UPLOAD_MB = 200
+
+
+@dataclass
+class Server:
+    store: ReviewStore
+    traces_dir: Path | None = None
+    uploads_dir: Path = Path("nsysan-uploads")
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_MB * 2**20
+    users: dict[str, str] = field(default_factory=dict)
+    timelines: TimelineCache = field(init=False)
+    analysis: AnalysisQueue = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timelines = TimelineCache(self.store)
+        self.analysis = AnalysisQueue(self.store, self.timelines)
+
+    @property
+    def login_required(self) -> bool:
+        return bool(self.users)
+
+    def author(self, typed: str | None) -> str:
+        """Who is writing: the logged-in user, else the name typed in the header (no login on loopback)."""
+        return auth.current_user() or (typed or "").strip()[:64] or "anonymous"
+
+
+def create_app(server: Server) -> dash.Dash:
+    from dashboards.pages import compare, finding, findings, library, overview
+
+    app = dash.Dash(__name__, title="nsysan", suppress_callback_exceptions=True, update_title=None)
+    app.server.config["MAX_CONTENT_LENGTH"] = server.max_upload_bytes * 4 // 3 + 2**20  # base64 + form
+    if server.login_required:
+        auth.install_login(app.server, server.users)
+    app.layout = lambda: _shell(server)  # a function: built per request, so it knows who is logged in
+    pages = {"library": library, "overview": overview, "findings": findings, "finding": finding, "compare": compare}
+
+    @app.callback(Output(ids.PAGE, "children"), Input(ids.URL, "pathname"), Input(ids.URL, "search"))
+    def _route(pathname: str | None, search: str | None) -> Any:
+        name, params = route(pathname or "/", search or "")
+        if name is None:
+            return html.P(f"No page at {pathname}.", className="error")
+        return pages[name].layout(server, **params)
+
+    for page in pages.values():
+        page.register(app, server)
+    return app
+
+
+def _shell(server: Server) -> html.Div:
+    user = auth.current_user()
+    who = [html.Span(f"{user} · "), html.A("log out", href="/logout")] if user else []
+    return html.Div(className="nsysan", children=[
+        dcc.Location(id=ids.URL, refresh=False),
+        html.Header(className="bar", children=[
+            dcc.Link("nsysan", href="/", className="brand"),
+            dcc.Link("Traces", href="/"),
+            dcc.Link("Compare", href="/compare"),
+            html.Span(className="spacer"),
+            *who,
+            # always present (callbacks read it); shown only when there is no login to name the reviewer
+            html.Div(dcc.Input(id=ids.AUTHOR, placeholder="your name (for comments)", persistence=True,
+                               persistence_type="local", debounce=True, className="author"), hidden=bool(user)),
+        ]),
+        html.Main(id=ids.PAGE),
+    ])  # fmt: skip
+
+
+def route(pathname: str, search: str) -> tuple[str | None, dict[str, Any]]:
+    """Which page a URL shows, and its parameters (ids as ints; anything else is not a page)."""
+    if pathname in ("/", "/traces"):
+        return "library", {}
+    if m := re.fullmatch(r"/traces/(\d+)", pathname):
+        return "overview", {"trace_id": int(m[1])}
+    if m := re.fullmatch(r"/traces/(\d+)/findings", pathname):
+        return "findings", {"trace_id": int(m[1])}
+    if m := re.fullmatch(r"/findings/(\d+)", pathname):
+        return "finding", {"finding_id": int(m[1])}
+    if pathname == "/compare":
+        query = parse_qs(search.lstrip("?"))
+        picked = {k: int(v[0]) for k, v in query.items() if k in ("before", "after") and v and v[0].isdigit()}
+        return "compare", picked
+    return None, {}
+
+
+def start(server: Server, host: str, port: int) -> None:
+    """Register what ``traces_dir`` holds, resume unfinished analyses, and serve until interrupted."""
+    app = create_app(server)
+    server.analysis.resume()
+    if server.traces_dir is not None:
+        scan_directory(server)
+    try:
+        app.run(host=host, port=port, debug=False)
+    finally:
+        server.analysis.shutdown()

@@ -1,0 +1,45 @@
+"""Component ids, in one place: callbacks, layouts and the browser tests all name them from here."""
+
+URL = "url"
+PAGE = "page"
+AUTHOR = "author"  # the reviewer's name, kept in the browser when there is no login
+AUTHOR_STORE = "author-store"
+
+# library
+UPLOAD = "upload"
+SCAN = "scan-traces-dir"
+LIBRARY_MESSAGE = "library-message"
+LIBRARY_TABLE = "library-table"
+LIBRARY_POLL = "library-poll"
+
+# trace overview
+TIMELINE = "timeline"
+TRACE_ID = "trace-id"
+TRACE_POLL = "trace-poll"
+NOTE_TEXT = "note-text"
+NOTE_ADD = "note-add"
+NOTES = "notes"
+
+# findings
+FINDINGS_TABLE = "findings-table"
+FILTER_KIND = "filter-kind"
+FILTER_SEVERITY = "filter-severity"
+FILTER_STATUS = "filter-status"
+FILTER_RANK = "filter-rank"
+
+# finding detail and review
+FINDING_ID = "finding-id"
+FINDING_VERSION = "finding-version"
+FINDING_TIMELINE = "finding-timeline"
+STATUS = "finding-status"
+ASSIGNEE = "finding-assignee"
+SAVE = "finding-save"
+REVIEW_MESSAGE = "review-message"
+COMMENT_TEXT = "comment-text"
+COMMENT_ADD = "comment-add"
+COMMENTS = "comments"
+
+# compare
+COMPARE_BEFORE = "compare-before"
+COMPARE_AFTER = "compare-after"
+COMPARE_RESULT = "compare-result"

@@ -1,0 +1,115 @@
+"""Getting traces into the library: from the server's traces directory, or uploaded.
+
+Both validate before anything is stored (``ReviewStore.register`` opens every file as an nsys
+export, read-only) and queue the analysis. An upload is written under the uploads directory with a
+name nsysan chooses; the browser's file name is only kept, cleaned, for people to read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import shutil
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nsysan.errors import InputError, NsysanError
+from nsysan.ingest.trace import EXPORT_SUFFIXES
+
+if TYPE_CHECKING:
+    from dashboards.app import Server
+
+
+class UploadRefused(InputError):
+    pass
+
+
+@dataclass
+class Registered:
+    ids: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def jobs_in(directory: Path) -> list[list[Path]]:
+    """The traces a directory holds: each export file is one, and each subdirectory of exports is
+    one job (one export per rank)."""
+    jobs: list[list[Path]] = []
+    for entry in sorted(directory.iterdir()):
+        if entry.is_file() and entry.suffix.lower() in EXPORT_SUFFIXES:
+            jobs.append([entry])
+        elif entry.is_dir() and not entry.name.startswith("."):
+            files = sorted(p for p in entry.iterdir() if p.is_file() and p.suffix.lower() in EXPORT_SUFFIXES)
+            if files:
+                jobs.append(files)
+    return jobs
+
+
+def scan_directory(server: Server) -> Registered:
+    """Register the traces in ``server.traces_dir`` that the store does not have yet."""
+    result = Registered()
+    if server.traces_dir is None:
+        return result
+    known = server.store.registered_paths()
+    for files in jobs_in(server.traces_dir):
+        if tuple(str(p.resolve()) for p in files) in known:
+            continue
+        name = files[0].stem if len(files) == 1 else files[0].parent.name
+        try:
+            result.ids.append(server.store.register(files, name=name))
+        except NsysanError as exc:
+            result.errors.append(str(exc))
+    for trace_id in result.ids:
+        server.analysis.submit(trace_id)
+    return result
+
+
+def save_upload(server: Server, contents: Sequence[str], filenames: Sequence[str]) -> int:
+    """Store the uploaded exports (the ranks of one job) and register them as one trace.
+
+    ``contents`` are the browser's data URLs. Refused, with nothing kept, when the files are too
+    big together, are not named like exports, or are not nsys exports.
+    """
+    if not contents:
+        raise UploadRefused("no file uploaded")
+    encoded = [c.partition(",")[2] for c in contents]
+    size = sum(len(e) * 3 // 4 for e in encoded)
+    if size > server.max_upload_bytes:
+        raise UploadRefused(f"upload of {size / 2**20:.1f} MiB is over the limit of {server.max_upload_bytes / 2**20:.0f} MiB")
+    names = [_clean_name(n) for n in filenames]
+    if len(set(names)) != len(names):
+        raise UploadRefused("two uploaded files have the same name")
+    target = server.uploads_dir / f"upload-{uuid.uuid4().hex[:12]}"
+    target.mkdir(parents=True)
+    try:
+        paths = []
+        for name, data in zip(names, encoded):
+            path = target / name
+            try:
+                path.write_bytes(base64.b64decode(data, validate=True))
+            except binascii.Error:
+                raise UploadRefused(f"{name}: the upload arrived damaged (not base64)") from None
+            paths.append(path)
+        label = names[0].rsplit(".", 1)[0] if len(names) == 1 else f"{len(names)} files, {names[0]}…"
+        trace_id = server.store.register(paths, name=label)
+    except NsysanError as exc:
+        shutil.rmtree(target, ignore_errors=True)
+        raise UploadRefused(_without_server_paths(str(exc), target)) from None
+    server.analysis.submit(trace_id)
+    return trace_id
+
+
+def _clean_name(name: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", Path(name.replace("\\", "/")).name)[:120].lstrip(".") or "upload"
+    if not base.lower().endswith(EXPORT_SUFFIXES):
+        raise UploadRefused(f"{name}: not an nsys SQLite export (expected {', '.join(EXPORT_SUFFIXES)}; "
+                            "export a .nsys-rep with `nsys export --type sqlite`)")  # fmt: skip
+    return base
+
+
+def _without_server_paths(message: str, directory: Path) -> str:
+    """The validation error as the uploader should see it: about their file, not our disk."""
+    return message.replace(str(directory.resolve()) + "/", "").replace(str(directory) + "/", "")

@@ -1,0 +1,87 @@
+"""The trace library: every registered trace, its analysis progress and its findings by severity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dash
+from dash import Input, Output, State, ctx, dcc, html
+
+from dashboards import ids
+from dashboards.app import Server
+from dashboards.library import UploadRefused, save_upload, scan_directory
+from dashboards.pages.common import captured
+
+
+def layout(server: Server) -> html.Div:
+    limit_mib = server.max_upload_bytes / 2**20
+    actions = [
+        dcc.Upload(
+            id=ids.UPLOAD, multiple=True, max_size=server.max_upload_bytes, className="upload",
+            children=html.Div(["Drop nsys SQLite exports here or ", html.A("choose files"),
+                               html.Br(), html.Small(f"Files uploaded together are the ranks of one job; "
+                                                     f"at most {limit_mib:.0f} MiB in all.")]),
+        ),
+    ]  # fmt: skip
+    # always in the layout (its callback names it), shown only when the server has a traces directory
+    scan_label = f"Register new traces from {server.traces_dir.name}/" if server.traces_dir else ""
+    actions.append(html.Button(scan_label, id=ids.SCAN, n_clicks=0, hidden=server.traces_dir is None))
+    return html.Div([
+        html.H1("Traces"),
+        html.Div(actions, className="actions"),
+        html.Div(id=ids.LIBRARY_MESSAGE),
+        html.Div(_table(server), id=ids.LIBRARY_TABLE),
+        dcc.Interval(id=ids.LIBRARY_POLL, interval=1000, disabled=not server.analysis.busy()),
+    ])  # fmt: skip
+
+
+def register(app: dash.Dash, server: Server) -> None:
+    @app.callback(
+        Output(ids.LIBRARY_TABLE, "children"), Output(ids.LIBRARY_MESSAGE, "children"), Output(ids.LIBRARY_POLL, "disabled"),
+        Input(ids.UPLOAD, "contents"), Input(ids.SCAN, "n_clicks"), Input(ids.LIBRARY_POLL, "n_intervals"),
+        State(ids.UPLOAD, "filename"), prevent_initial_call=True,
+    )  # fmt: skip
+    def _refresh(contents: list[str] | None, _scan: int | None, _poll: int | None, filenames: list[str] | None) -> Any:
+        message: Any = dash.no_update
+        if ctx.triggered_id == ids.UPLOAD and contents:
+            try:
+                trace_id = save_upload(server, contents, filenames or [])
+                message = html.P(f"Uploaded as trace {trace_id}; analysing.", className="ok")
+            except UploadRefused as exc:
+                message = html.P(f"Upload refused: {exc}", className="error")
+        elif ctx.triggered_id == ids.SCAN:
+            found = scan_directory(server)
+            lines = [f"Registered {len(found.ids)} new trace(s)."] + [f"Skipped: {e}" for e in found.errors]
+            message = html.Div([html.P(line, className="error" if line.startswith("Skipped") else "ok") for line in lines])
+        return _table(server), message, not server.analysis.busy()
+
+
+def _table(server: Server) -> html.Table | html.P:
+    rows = server.store.traces()
+    if not rows:
+        return html.P("No traces yet: upload an export, or start the server with --traces DIR.")
+    header = ["id", "job", "status", "ranks", "GPUs", "captured", "critical", "warning", "info", ""]
+    return html.Table(className="library", children=[
+        html.Thead(html.Tr([html.Th(h) for h in header])),
+        html.Tbody([_row(server, t) for t in rows]),
+    ])  # fmt: skip
+
+
+def _row(server: Server, t: dict[str, Any]) -> html.Tr:
+    progress = server.analysis.progress(t["id"])
+    status = t["status"]
+    if status != "ready" and progress is not None and progress.stage not in ("done", "failed"):
+        status = progress.describe()
+    ready = t["status"] == "ready"
+    status_cell = html.Td([status, html.Div(t["error"], className="error")] if t["error"] else status, className="status")
+    counts = [html.Td(t["findings"][s] if ready else "", className=f"count {s}{' some' if ready and t['findings'][s] else ''}") for s in ("critical", "warning", "info")]
+    return html.Tr(**{"data-trace": str(t["id"])}, children=[
+        html.Td(t["id"]),
+        html.Td(dcc.Link(t["name"], href=f"/traces/{t['id']}")),
+        status_cell,
+        html.Td(", ".join(map(str, t["ranks"])) or "–"),
+        html.Td(", ".join(map(str, t["devices"])) or "–"),
+        html.Td(captured(t["captured_utc_ns"])),
+        *counts,
+        html.Td(dcc.Link("findings", href=f"/traces/{t['id']}/findings") if ready else ""),
+    ])  # fmt: skip
