@@ -1,0 +1,158 @@
+"""The dashboard's parts without a browser: the timeline, routing, registering and uploading, login."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dashboards.app import Server, route
+from dashboards.auth import _safe_next, hash_password, is_loopback, load_users
+from dashboards.library import UploadRefused, jobs_in, save_upload, scan_directory
+from dashboards.timeline import TimelineData, evidence_correlation_ids
+from fixtures.samples import SAMPLES_DIR, sample_paths
+from nsysan.errors import InputError
+from nsysan.ingest import load_trace
+from nsysan.intervals import merge
+from nsysan.store import ReviewStore
+from tests.conftest import sha256
+
+
+def _timeline(sample: str) -> TimelineData:
+    with load_trace(sample_paths(sample)) as trace:
+        return TimelineData.from_trace(trace)
+
+
+def test_timeline_rows_are_ranks_gpus_and_lanes_on_the_job_clock():
+    data = _timeline("allreduce-4rank-2022.4")  # one export per rank, sessions started apart
+    assert data.rows["label"].tolist()[:4] == ["rank 0 · GPU 0 · compute", "rank 0 · GPU 0 · NCCL",
+                                               "rank 0 · GPU 0 · copies", "rank 0 · NVTX"]  # fmt: skip
+    assert len(data.rows) == 16 and data.intervals == 200
+    with load_trace(sample_paths("allreduce-4rank-2022.4")) as trace:
+        offset = trace.job_clock()
+        k = trace.kernel_columns(["start_ns"])
+    assert data.rank_offset == {r: int(offset[r]) for r in range(4)} and offset[3] > 0
+    # every kernel sits in its row at its export's time plus that export's offset
+    first = (k["start_ns"] + k["export"].map(offset)).min()
+    assert data.origin_ns <= first and data.start.min() == data.origin_ns
+
+
+def test_zoomed_out_rows_show_their_busy_share_and_zoomed_in_every_interval():
+    data = _timeline("overlap-slowdown")
+    detail = data.figure()
+    assert {t.type for t in detail.data} == {"scattergl"}
+    coarse = data.figure(row_detail_limit=2, bins=200)
+    heat = [t for t in coarse.data if t.type == "heatmap"]
+    assert {t.name for t in heat} == {"compute (busy share)", "copies (busy share)"}
+    # the busy share times the bin width adds up to the union of the row's intervals
+    start, end = data.extent_ns
+    width = (end - start) / 200
+    for trace, row in zip(heat, (0, 1)):
+        lo, hi = data.bounds[row], data.bounds[row + 1]
+        union = merge(pd.DataFrame({"g": 0, "start_ns": data.start[lo:hi], "end_ns": data.end[lo:hi]}), ["g"])
+        assert np.nansum(trace.z) * width == pytest.approx((union["end_ns"] - union["start_ns"]).sum(), rel=0.01)
+    # a narrow window around one kernel: back to exact intervals, with the kernel's name on hover
+    s, e = int(data.start[5]), int(data.end[5])
+    zoomed = data.figure((s, e), row_detail_limit=2)
+    assert all(t.type != "heatmap" for t in zoomed.data)
+    assert any(str(data.names[data.name[5]]) in text for t in zoomed.data for text in (t.hovertext if t.hovertext is not None else []) if text)
+
+
+def test_a_finding_is_marked_and_its_evidence_outlined():
+    data = _timeline("pipeline-stall")
+    finding = {"id": 7, "rank": 2, "device": 2, "severity": "critical", "title": "stall", "start_ns": 10_035_000,
+               "end_ns": 15_056_000, "evidence": {"blocked_op": {"correlation_id": 1002}, "blocking_op": {"correlation_id": 1001}}}  # fmt: skip
+    assert evidence_correlation_ids(finding["evidence"]) == {1001, 1002}
+    fig = data.figure(data.window_for(finding), [finding], highlight=finding)
+    markers = [t for t in fig.data if t.name == "findings"]
+    assert list(markers[0].customdata) == [7] and markers[0].y[0] == "rank 2 · GPU 2 · NCCL"
+    (evidence,) = [t for t in fig.data if t.name == "evidence"]
+    assert len(evidence.x) == 2 * 3  # two kernels, drawn as (start, end, gap)
+    assert fig.layout.shapes[0].y0 == 3.5 and fig.layout.shapes[0].y1 == 5.5  # rank 2's rows (NCCL and NVTX)
+
+
+def test_routes_take_ids_only():
+    assert route("/traces/12", "") == ("overview", {"trace_id": 12})
+    assert route("/findings/3", "") == ("finding", {"finding_id": 3})
+    assert route("/compare", "?before=1&after=x") == ("compare", {"before": 1})
+    for bad in ("/traces/../../etc/passwd", "/traces/1x", "/files//etc/passwd", "/traces/1/../2"):
+        assert route(bad, "")[0] is None
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Server(ReviewStore(tmp_path / "review.sqlite"), uploads_dir=tmp_path / "uploads", max_upload_bytes=2 * 2**20)
+    yield s
+    s.analysis.shutdown()
+
+
+def _data_url(data: bytes) -> str:
+    return "data:application/octet-stream;base64," + base64.b64encode(data).decode()
+
+
+def test_upload_is_validated_before_anything_is_kept(server, tmp_path):
+    good = (SAMPLES_DIR / "pipeline-stall.sqlite").read_bytes()
+    with pytest.raises(UploadRefused, match="over the limit of 2 MiB"):
+        save_upload(server, [_data_url(b"\0" * (3 * 2**20))], ["big.sqlite"])
+    with pytest.raises(UploadRefused, match="not an nsys SQLite export"):
+        save_upload(server, [_data_url(good)], ["report.nsys-rep"])
+    with pytest.raises(UploadRefused, match="^fake.sqlite: not an SQLite file") as refused:
+        save_upload(server, [_data_url(b"hello, not a database" * 100)], ["fake.sqlite"])
+    assert str(server.uploads_dir) not in str(refused.value)  # the uploader is not told our paths
+    assert not any(server.uploads_dir.iterdir()) and server.store.traces() == []
+    trace_id = save_upload(server, [_data_url(good)], ["../../etc/evil name.sqlite"])
+    (path,) = server.store.trace_paths(trace_id)
+    assert path.startswith(str(server.uploads_dir.resolve())) and path.endswith("/evil_name.sqlite")
+    assert server.analysis.wait(60) and server.store.trace(trace_id)["findings"]["critical"] == 1
+
+
+def test_scan_registers_each_file_and_each_directory_of_ranks_once(server, tmp_path):
+    traces = tmp_path / "traces"
+    shutil.copytree(SAMPLES_DIR / "allreduce-4rank-2022.4", traces / "job-a")
+    shutil.copy(SAMPLES_DIR / "graph-gap.sqlite", traces)
+    (traces / "broken.sqlite").write_text("not an export")
+    before = {p: sha256(p) for p in traces.rglob("*.sqlite")}
+    assert [len(j) for j in jobs_in(traces)] == [1, 1, 4]
+    server.traces_dir = traces
+    found = scan_directory(server)
+    assert len(found.ids) == 2 and len(found.errors) == 1 and "broken.sqlite" in found.errors[0]
+    assert server.analysis.wait(60)
+    assert {t["name"]: t["status"] for t in server.store.traces()} == {"graph-gap": "ready", "job-a": "ready"}
+    assert scan_directory(server).ids == []  # nothing registered twice
+    assert {p: sha256(p) for p in traces.rglob("*.sqlite")} == before  # read-only
+
+
+def test_users_come_hashed_from_a_file_or_the_environment(tmp_path):
+    hashed = hash_password("correct horse")
+    users_file = tmp_path / "users.toml"
+    users_file.write_text(f'[users]\nalice = "{hashed}"\n')
+    assert load_users(users_file, f"bob={hashed}") == {"alice": hashed, "bob": hashed}
+    with pytest.raises(InputError, match="must be a hash"):
+        load_users(None, "bob=plaintext")
+    users_file.write_text("users = 3")
+    with pytest.raises(InputError, match=r"\[users\] table"):
+        load_users(users_file)
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.org")
+    assert _safe_next("/traces/1") == "/traces/1" and _safe_next("//evil.example/") == "/" and _safe_next("https://x") == "/"
+
+
+def test_serving_beyond_loopback_without_users_is_refused(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nsysan", "serve", "--host", "0.0.0.0", "--db", str(tmp_path / "s.sqlite")],
+                            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "login is required" in result.stderr and not (tmp_path / "s.sqlite").exists()
+
+
+def test_hash_password_prints_a_hash_that_verifies():
+    from werkzeug.security import check_password_hash
+
+    result = subprocess.run([sys.executable, "-m", "nsysan", "hash-password"], input="s3cret-pass\ns3cret-pass\n",
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert check_password_hash(result.stdout.strip(), "s3cret-pass")

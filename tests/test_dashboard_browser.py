@@ -1,0 +1,226 @@
+"""The dashboard driven for real: ``nsysan serve`` in its own process, Debian's Chromium driven by
+Playwright. Skips on a machine without them; CI (tests/run.sh installs both) fails instead."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fixtures.samples import SAMPLES_DIR
+from tests.conftest import need
+
+CHROMIUM = Path(os.environ.get("NSYSAN_CHROMIUM", "/usr/bin/chromium"))
+# without the networking flags Chromium keeps trying to reach Google, which this closed network refuses
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    def __init__(self, tmp: Path, db: str, *, host: str = "127.0.0.1", env: dict[str, str] | None = None) -> None:
+        self.traces = tmp / "traces"
+        self.traces.mkdir()
+        for name in ("pipeline-stall.sqlite", "pipeline-stall-fixed.sqlite"):
+            shutil.copy(SAMPLES_DIR / name, self.traces)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "serve.log"
+        command = [sys.executable, "-m", "nsysan", "serve", "--db", db, "--traces", str(self.traces), "--host", host,
+                   "--port", str(self.port), "--uploads", str(tmp / "uploads")]  # fmt: skip
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/login" if env else self.url, timeout=2)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"nsysan serve did not start:\n{self.log.read_text()}") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    need(sync_playwright is not None, "Playwright (pip install playwright)")
+    need(CHROMIUM.exists(), f"Chromium at {CHROMIUM} (Debian's chromium package)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _database(kind: str, tmp: Path) -> str:
+    if kind == "sqlite":
+        return str(tmp / "review.sqlite")
+    url = os.environ.get("NSYSAN_TEST_PG_URL")
+    need(bool(url), "a PostgreSQL server (NSYSAN_TEST_PG_URL, set by tests/run.sh)")
+    from nsysan.store import ReviewStore
+    from nsysan.store.models import Base
+
+    Base.metadata.drop_all(ReviewStore(url).engine)  # a clean store for this server
+    return url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def served(request, tmp_path) -> Iterator[Served]:
+    s = Served(tmp_path, _database(request.param, tmp_path))
+    yield s
+    s.stop()
+
+
+def _ready(page, name: str) -> None:
+    """Wait until the library lists ``name`` with its analysis done."""
+    row = page.locator("table.library tr", has=page.get_by_role("link", name=name, exact=True))
+    row.locator("td.status", has_text="ready").wait_for(timeout=60_000)
+
+
+def test_review_a_finding_and_see_it_persist(browser, served, tmp_path):
+    page = browser.new_page()
+    page.goto(served.url)
+    _ready(page, "pipeline-stall")
+    _ready(page, "pipeline-stall-fixed")
+
+    # register one more by upload: the same export under another name, analysed in the background
+    upload = tmp_path / "upload" / "stall-upload.sqlite"
+    upload.parent.mkdir()
+    shutil.copy(SAMPLES_DIR / "pipeline-stall.sqlite", upload)
+    page.set_input_files("#upload input[type=file]", str(upload))
+    page.get_by_text("Uploaded as trace 3; analysing.").wait_for()
+    _ready(page, "stall-upload")
+    row = page.locator("tr[data-trace='3']")
+    assert row.locator("td.count.critical").inner_text() == "1" and "0, 1, 2, 3" in row.inner_text()
+
+    # open it: a timeline with a finding marker, then its findings table
+    page.get_by_role("link", name="stall-upload", exact=True).click()
+    page.locator("#timeline .main-svg").first.wait_for()
+    assert page.locator("#timeline .scatterlayer .point").count() == 1  # the finding's marker
+    page.get_by_role("link", name="findings table").click()
+    cell = page.locator("#findings-table").get_by_text("nccl_ordering_stall")
+    cell.wait_for()
+    page.locator("#findings-table a", has_text="waited").click()
+
+    # the finding: zoomed timeline with its evidence, advice, then review it
+    page.locator("#finding-timeline .main-svg").first.wait_for()
+    assert "NCCL runs a stream's operations in order" in page.locator(".advice").inner_text()
+    assert '"late_rank": 3' in page.locator(".evidence").inner_text()
+    page.click("#finding-status")
+    page.get_by_role("option", name="confirmed").click()
+    page.fill("#finding-assignee", "dana")
+    page.click("#finding-save")
+    page.locator(".saved").wait_for()
+    page.fill("#author", "sam")
+    page.keyboard.press("Tab")
+    page.fill("#comment-text", "Rank 3 starts its sends late; moving them to their own group.")
+    page.click("#comment-add")
+    page.locator("li.comment").wait_for()
+
+    page.reload()
+    page.locator("#finding-status-value").wait_for()
+    assert page.locator("#finding-status-value").inner_text() == "confirmed"
+    assert page.input_value("#finding-assignee") == "dana"
+    assert "sam" in page.locator("li.comment").inner_text() and "own group" in page.locator("li.comment").inner_text()
+
+    # the findings table shows the new status, and filters by it
+    page.goto(f"{served.url}/traces/3/findings")
+    page.locator("#findings-table").get_by_text("confirmed").wait_for()
+    page.click("#filter-status")
+    page.get_by_role("option", name="open").click()
+    page.locator("#findings-table").get_by_text("nccl_ordering_stall").wait_for(state="detached")
+
+
+def test_a_stale_edit_is_refused_with_a_clear_message(browser, served):
+    first, second = browser.new_page(), browser.new_page()
+    first.goto(served.url)
+    _ready(first, "pipeline-stall")
+    for page in (first, second):
+        page.goto(f"{served.url}/findings/1")
+        page.locator("#finding-assignee").wait_for()
+    first.fill("#finding-assignee", "ana")
+    first.click("#finding-save")
+    first.locator(".saved").wait_for()
+    second.fill("#finding-assignee", "ben")  # based on the version loaded before ana saved
+    second.click("#finding-save")
+    second.locator(".stale").wait_for()
+    assert "changed by someone else" in second.locator(".stale").inner_text()
+    assert "reload it" in second.locator(".stale").inner_text()
+    second.reload()
+    second.locator("#finding-assignee").wait_for()
+    assert second.input_value("#finding-assignee") == "ana"  # ana's edit was not lost
+
+
+def test_compare_before_and_after_a_fix(browser, served):
+    page = browser.new_page()
+    page.goto(served.url)
+    _ready(page, "pipeline-stall")
+    _ready(page, "pipeline-stall-fixed")
+    ids = {name: page.locator("tr", has=page.get_by_role("link", name=name, exact=True)).get_attribute("data-trace")
+           for name in ("pipeline-stall", "pipeline-stall-fixed")}  # fmt: skip
+    page.goto(f"{served.url}/compare?before={ids['pipeline-stall']}&after={ids['pipeline-stall-fixed']}")
+    page.locator("#step-change").wait_for()
+    assert page.locator("#step-change").inner_text() == "8.81 ms → 3.96 ms (-55.0%)"
+    assert page.locator(".column.fixed h2").inner_text() == "Fixed (1)"
+    assert "waited 5019 us" in page.locator(".column.fixed").inner_text()
+    assert page.locator(".column.new h2").inner_text() == "New (0)"
+
+
+def test_an_upload_that_is_not_an_export_is_refused(browser, served, tmp_path):
+    page = browser.new_page()
+    page.goto(served.url)
+    _ready(page, "pipeline-stall")
+    fake = tmp_path / "fake.sqlite"
+    fake.write_text("not a database at all")
+    page.set_input_files("#upload input[type=file]", str(fake))
+    page.get_by_text("Upload refused: fake.sqlite: not an SQLite file").wait_for()
+    assert page.locator("table.library tbody tr").count() == 2
+    assert not any((tmp_path / "uploads").iterdir())
+
+
+def test_login_is_required_beyond_loopback(browser, tmp_path):
+    from dashboards.auth import hash_password
+
+    s = Served(tmp_path, str(tmp_path / "review.sqlite"), host="0.0.0.0",
+               env={"NSYSAN_USERS": f"alice={hash_password('wonderland-42')}"})  # fmt: skip
+    try:
+        request = urllib.request.Request(f"{s.url}/_dash-update-component", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 401
+        page = browser.new_page()
+        page.goto(f"{s.url}/traces/1")
+        assert page.url.startswith(f"{s.url}/login")
+        page.fill("#username", "alice")
+        page.fill("#password", "wrong")
+        page.click("#login")
+        page.get_by_text("Wrong user name or password.").wait_for()
+        page.fill("#username", "alice")
+        page.fill("#password", "wonderland-42")
+        page.click("#login")
+        page.wait_for_url(f"{s.url}/traces/1")
+        page.get_by_text("alice ·").wait_for()
+    finally:
+        s.stop()
