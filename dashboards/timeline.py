@@ -147,24 +147,21 @@ class TimelineData:
         fig = go.Figure()
         edges = np.linspace(t0, t1, bins + 1).astype(np.int64)
         detail: dict[str, list[np.ndarray]] = {lane: [] for lane in LANES}
-        heat: dict[str, tuple[list[str], list[np.ndarray]]] = {lane: ([], []) for lane in LANES}
+        heat_rows: list[str] = []
+        heat_lanes: list[str] = []
+        heat_busy: list[np.ndarray] = []
         for i, lane in enumerate(self.rows["lane"]):
             lo, hi = self._visible(i, t0, t1)
             if hi - lo <= row_detail_limit:
                 detail[lane].append(np.arange(lo, hi))
             else:
                 busy = covered_ns(edges[:-1], edges[1:], self.merged[i]) / np.maximum(np.diff(edges), 1)
-                heat[lane][0].append(labels[i])
-                heat[lane][1].append(np.where(busy > 0, busy, np.nan))
+                heat_rows.append(labels[i])
+                heat_lanes.append(lane)
+                heat_busy.append(busy)
         centres = ms((edges[:-1] + edges[1:]) / 2)
-        for lane in LANES:
-            ys, zs = heat[lane]
-            if ys:
-                fig.add_trace(go.Heatmap(
-                    x=centres, y=ys, z=np.vstack(zs), zmin=0, zmax=1, showscale=False, name=f"{lane} (busy share)",
-                    colorscale=[[0, "#f4f4f4"], [1, LANE_COLOURS[lane]]], hoverongaps=False,
-                    hovertemplate="%{y}<br>%{x:.3f} ms: busy %{z:.0%}<extra></extra>",
-                ))  # fmt: skip
+        if heat_rows:
+            fig.add_trace(_occupancy(centres, labels, heat_rows, heat_lanes, np.vstack(heat_busy)))
         for lane in LANES:
             idx = np.concatenate(detail[lane]) if detail[lane] else np.array([], dtype=np.int64)
             if len(idx):
@@ -247,6 +244,36 @@ class TimelineData:
         idx = np.flatnonzero(mine)
         if len(idx):
             fig.add_trace(self._segments(idx, labels, ms, "#d62728", "evidence", width=20))
+
+
+def _occupancy(centres: np.ndarray, labels: list[str], rows: list[str], lanes: list[str], busy: np.ndarray) -> go.Heatmap:
+    """Busy share per row and time bin, as ONE heatmap over every row, coloured by lane.
+
+    plotly.js (7.1) fails on a category axis when a heatmap covers only some of its categories or
+    several heatmaps share it, so this one spans all rows, blank (NaN) where a row is drawn
+    interval by interval. Each lane gets its own band of z, [lane, lane + 1), and the colour scale
+    runs from pale to the lane's colour within each band; the share rides along as customdata.
+    """
+    at = [labels.index(r) for r in rows]
+    share = np.full((len(labels), len(centres)), np.nan)
+    share[at] = busy
+    band = np.full((len(labels), 1), np.nan)
+    band[at, 0] = [LANES.index(lane) for lane in lanes]
+    z = np.where(share > 0, band + np.clip(share, 0.02, 0.999), np.nan)
+    scale = []
+    for i, lane in enumerate(LANES):
+        scale += [[i / len(LANES), "#eef1f5"], [(i + 1) / len(LANES) - 1e-6, LANE_COLOURS[lane]]]
+    scale[-1][0] = 1.0
+    return go.Heatmap(
+        x=centres, y=labels, z=_nested(z), customdata=_nested(share, 3), zmin=0, zmax=len(LANES),
+        colorscale=scale, showscale=False, hoverongaps=False, name="busy share",
+        hovertemplate="%{y}<br>%{x:.3f} ms: busy %{customdata:.0%}<extra></extra>",
+    )  # fmt: skip
+
+
+def _nested(values: np.ndarray, decimals: int = 4) -> list[list[float | None]]:
+    """Rows of numbers with None for NaN: plotly.js misreads 2-D typed arrays with gaps on category axes."""
+    return [[None if v != v else v for v in row] for row in values.round(decimals).tolist()]
 
 
 def evidence_correlation_ids(evidence: Any) -> set[int]:

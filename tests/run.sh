@@ -2,7 +2,8 @@
 # Install what the tests need, then run them: the README's test command, and what CI runs (.ci/run).
 # Installs into the current Python: torch's CPU build first (an unpinned torch would pull several GB
 # of CUDA wheels), nsysan with its test extras, and Debian's Nsight Systems into ~/.cache/nsysan;
-# installs and starts Debian's PostgreSQL on loopback for the store tests.
+# installs and starts Debian's PostgreSQL on loopback for the store tests, and installs Debian's
+# Chromium for the dashboard's browser tests (Playwright, from the test extras, drives it).
 # Extra arguments go to pytest (bash tests/run.sh -k realtraces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,15 @@ elif [ "${CI:-}" = "true" ]; then
     exit 1
 else
     echo "tests/run.sh: no PostgreSQL here; the PostgreSQL store tests will skip" >&2
+fi
+
+if chromium_path=$(bash tests/install-chromium.sh | tail -n 1) && [ -x "$chromium_path" ]; then
+    export NSYSAN_CHROMIUM="$chromium_path"
+elif [ "${CI:-}" = "true" ]; then
+    echo "tests/run.sh: could not install Chromium; CI needs it for the browser tests" >&2
+    exit 1
+else
+    echo "tests/run.sh: no Chromium here; the browser tests will skip" >&2
 fi
 
 exec python3 -m pytest -ra "$@"

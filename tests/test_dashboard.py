@@ -47,15 +47,15 @@ def test_zoomed_out_rows_show_their_busy_share_and_zoomed_in_every_interval():
     detail = data.figure()
     assert {t.type for t in detail.data} == {"scattergl"}
     coarse = data.figure(row_detail_limit=2, bins=200)
-    heat = [t for t in coarse.data if t.type == "heatmap"]
-    assert {t.name for t in heat} == {"compute (busy share)", "copies (busy share)"}
+    (heat,) = [t for t in coarse.data if t.type == "heatmap"]  # one heatmap for all rows, coloured by lane
+    assert list(heat.y) == ["rank 0 · GPU 0 · compute", "rank 0 · GPU 0 · copies"]  # every row (both busy here)
     # the busy share times the bin width adds up to the union of the row's intervals
     start, end = data.extent_ns
     width = (end - start) / 200
-    for trace, row in zip(heat, (0, 1)):
+    for busy, row in zip(heat.customdata, (0, 1)):
         lo, hi = data.bounds[row], data.bounds[row + 1]
         union = merge(pd.DataFrame({"g": 0, "start_ns": data.start[lo:hi], "end_ns": data.end[lo:hi]}), ["g"])
-        assert np.nansum(trace.z) * width == pytest.approx((union["end_ns"] - union["start_ns"]).sum(), rel=0.01)
+        assert np.nansum(np.array(busy, dtype=float)) * width == pytest.approx((union["end_ns"] - union["start_ns"]).sum(), rel=0.01)
     # a narrow window around one kernel: back to exact intervals, with the kernel's name on hover
     s, e = int(data.start[5]), int(data.end[5])
     zoomed = data.figure((s, e), row_detail_limit=2)

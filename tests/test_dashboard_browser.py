@@ -32,11 +32,12 @@ def _free_port() -> int:
 
 
 class Served:
-    def __init__(self, tmp: Path, db: str, *, host: str = "127.0.0.1", env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, db: str, *, host: str = "127.0.0.1", env: dict[str, str] | None = None,
+                 samples: tuple[str, ...] = ("pipeline-stall", "pipeline-stall-fixed")) -> None:  # fmt: skip
         self.traces = tmp / "traces"
-        self.traces.mkdir()
-        for name in ("pipeline-stall.sqlite", "pipeline-stall-fixed.sqlite"):
-            shutil.copy(SAMPLES_DIR / name, self.traces)
+        self.traces.mkdir(exist_ok=True)
+        for name in samples:
+            shutil.copy(SAMPLES_DIR / f"{name}.sqlite", self.traces)
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "serve.log"
@@ -222,5 +223,39 @@ def test_login_is_required_beyond_loopback(browser, tmp_path):
         page.click("#login")
         page.wait_for_url(f"{s.url}/traces/1")
         page.get_by_text("alice ·").wait_for()
+    finally:
+        s.stop()
+
+
+def test_a_big_trace_is_drawn_as_busy_share_and_zooming_in_shows_every_kernel(browser, tmp_path):
+    from benchmarks.ingest import build
+
+    (tmp_path / "traces").mkdir()
+    build(tmp_path / "traces" / "big.sqlite", 24_000)  # 8 ranks, ~2,850 compute kernels per GPU row
+    s = Served(tmp_path, str(tmp_path / "review.sqlite"), samples=())
+    try:
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(s.url)
+        _ready(page, "big")
+        page.get_by_role("link", name="big", exact=True).click()
+        graph = "#timeline .js-plotly-plot"
+        page.locator(f"{graph} g.hm").wait_for(state="attached")
+        types = page.evaluate(f"document.querySelector('{graph}').data.map(t => t.type)")
+        assert types == ["heatmap", "scattergl", "scattergl"]  # compute rows as busy share; NCCL and NVTX (150 a row) drawn
+        # zoom as a drag would; the server redraws the window (the graph may not be listening yet: retry)
+        for _ in range(5):
+            page.evaluate(f"Plotly.relayout(document.querySelector('{graph}'), {{'xaxis.range': [10, 10.4]}})")
+            try:
+                page.wait_for_function(f"!document.querySelector('{graph}').data.some(t => t.type === 'heatmap')", timeout=5000)
+                break
+            except Exception:
+                continue
+        types = page.evaluate(f"document.querySelector('{graph}').data.map(t => t.type)")
+        assert "heatmap" not in types and "scattergl" in types
+        hover = page.evaluate(f"document.querySelector('{graph}').data.flatMap(t => t.hovertext || []).join(' ')")
+        assert "ampere_sgemm_128x64_tn" in hover  # each kernel with its name
+        assert errors == []
     finally:
         s.stop()
