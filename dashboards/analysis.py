@@ -15,10 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dashboards.timeline import TimelineData
-from nsysan.errors import NsysanError
+from nsysan.errors import InputError, NsysanError
 from nsysan.store import ReviewStore
 
 log = logging.getLogger(__name__)
+
+
+class NotReady(InputError):
+    pass
 
 
 @dataclass
@@ -50,17 +54,22 @@ class TimelineCache:
             with self._lock:
                 if trace_id in self._items:
                     return self._items[trace_id]
-            data = self._build(trace_id)
+            try:
+                data = self._build(trace_id)
+            finally:
+                with self._lock:
+                    self._building.pop(trace_id, None)
             with self._lock:
                 self._items[trace_id] = data
                 while len(self._items) > self._capacity:
                     self._items.popitem(last=False)
-                self._building.pop(trace_id, None)
             return data
 
     def _build(self, trace_id: int) -> TimelineData:
         from nsysan.ingest import load_trace
 
+        if self._store.trace(trace_id)["status"] != "ready":
+            raise NotReady(f"trace {trace_id} is not analysed yet")
         with load_trace(self._store.trace_paths(trace_id)) as trace:
             return TimelineData.from_trace(trace)
 

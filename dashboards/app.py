@@ -8,7 +8,9 @@ never comes from the browser.
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,12 @@ from dash import Input, Output, dcc, html
 from dashboards import auth, ids
 from dashboards.analysis import AnalysisQueue, TimelineCache
 from dashboards.library import scan_directory
+from nsysan.errors import NsysanError
 from nsysan.store import ReviewStore
 
 DEFAULT_MAX_UPLOAD_MB = 200
+_ID = "[0-9]{1,15}"  # ASCII digits only, and small enough for any database's integer
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,6 +38,7 @@ class Server:
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_MB * 2**20
     users: dict[str, str] = field(default_factory=dict)
     timelines: TimelineCache = field(init=False)
+    scan_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     analysis: AnalysisQueue = field(init=False)
 
     def __post_init__(self) -> None:
@@ -52,9 +58,13 @@ def create_app(server: Server) -> dash.Dash:
     from dashboards.pages import compare, finding, findings, library, overview
 
     app = dash.Dash(__name__, title="nsysan", suppress_callback_exceptions=True, update_title=None)
-    app.server.config["MAX_CONTENT_LENGTH"] = server.max_upload_bytes * 4 // 3 + 2**20  # base64 + form
+    # an upload arrives base64-encoded in a callback: leave room for a refusal with a reason (the
+    # callback's own check); a request far beyond that is cut off by Flask with 413
+    app.server.config["MAX_CONTENT_LENGTH"] = 2 * (server.max_upload_bytes * 4 // 3) + 2**20
     if server.login_required:
         auth.install_login(app.server, server.users)
+    else:
+        auth.install_loopback_only(app.server)
     app.layout = lambda: _shell(server)  # a function: built per request, so it knows who is logged in
     pages = {"library": library, "overview": overview, "findings": findings, "finding": finding, "compare": compare}
 
@@ -63,7 +73,13 @@ def create_app(server: Server) -> dash.Dash:
         name, params = route(pathname or "/", search or "")
         if name is None:
             return html.P(f"No page at {pathname}.", className="error")
-        return pages[name].layout(server, **params)
+        try:
+            return pages[name].layout(server, **params)
+        except NsysanError as exc:
+            return html.P(str(exc), className="error")
+        except Exception:
+            log.exception("page %s%s", pathname, search or "")
+            return html.P("This page failed; the server's log has the details.", className="error")
 
     for page in pages.values():
         page.register(app, server)
@@ -93,15 +109,15 @@ def route(pathname: str, search: str) -> tuple[str | None, dict[str, Any]]:
     """Which page a URL shows, and its parameters (ids as ints; anything else is not a page)."""
     if pathname in ("/", "/traces"):
         return "library", {}
-    if m := re.fullmatch(r"/traces/(\d+)", pathname):
+    if m := re.fullmatch(rf"/traces/({_ID})", pathname):
         return "overview", {"trace_id": int(m[1])}
-    if m := re.fullmatch(r"/traces/(\d+)/findings", pathname):
+    if m := re.fullmatch(rf"/traces/({_ID})/findings", pathname):
         return "findings", {"trace_id": int(m[1])}
-    if m := re.fullmatch(r"/findings/(\d+)", pathname):
+    if m := re.fullmatch(rf"/findings/({_ID})", pathname):
         return "finding", {"finding_id": int(m[1])}
     if pathname == "/compare":
         query = parse_qs(search.lstrip("?"))
-        picked = {k: int(v[0]) for k, v in query.items() if k in ("before", "after") and v and v[0].isdigit()}
+        picked = {k: int(v[0]) for k, v in query.items() if k in ("before", "after") and re.fullmatch(_ID, v[0])}
         return "compare", picked
     return None, {}
 

@@ -14,7 +14,7 @@ import ipaddress
 import os
 import secrets
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import flask
 from werkzeug.security import check_password_hash, generate_password_hash
@@ -70,6 +70,20 @@ def load_users(path: Path | None = None, env: str | None = None) -> dict[str, st
     return users
 
 
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def install_loopback_only(server: flask.Flask) -> None:
+    """Without login, answer only requests addressed to loopback: a web page elsewhere cannot reach
+    the server by pointing its own host name at 127.0.0.1 (DNS rebinding)."""
+
+    @server.before_request
+    def _loopback_host() -> flask.Response | None:
+        if flask.request.host.rsplit(":", 1)[0] in LOOPBACK_NAMES:
+            return None
+        return flask.Response("nsysan serves only http://127.0.0.1 or http://localhost without login", status=403)
+
+
 def current_user() -> str | None:
     """The logged-in user of this request, or None when the server runs without login."""
     return flask.session.get("user") if flask.has_request_context() else None
@@ -109,8 +123,14 @@ def install_login(server: flask.Flask, users: dict[str, str]) -> None:
 
 
 def _safe_next(target: str) -> str:
-    """Only a path on this server (no scheme, no //host): the login must not redirect elsewhere."""
-    return target if target.startswith("/") and not target.startswith("//") and "\\" not in target else "/"
+    """Only a path on this server: the login must not redirect elsewhere. Control characters and
+    spaces are refused outright (browsers and werkzeug drop some, turning ``/\t/evil`` into ``//evil``)."""
+    if not target.startswith("/") or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in target) or "\\" in target:
+        return "/"
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or parts.path.startswith("//"):
+        return "/"
+    return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
 _LOGIN_PAGE = """<!doctype html>

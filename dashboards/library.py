@@ -53,15 +53,16 @@ def scan_directory(server: Server) -> Registered:
     result = Registered()
     if server.traces_dir is None:
         return result
-    known = server.store.registered_paths()
-    for files in jobs_in(server.traces_dir):
-        if tuple(str(p.resolve()) for p in files) in known:
-            continue
-        name = files[0].stem if len(files) == 1 else files[0].parent.name
-        try:
-            result.ids.append(server.store.register(files, name=name))
-        except NsysanError as exc:
-            result.errors.append(str(exc))
+    with server.scan_lock:  # two clicks (or two people) at once must not register a trace twice
+        known = server.store.registered_paths()
+        for files in jobs_in(server.traces_dir):
+            if tuple(str(p.resolve()) for p in files) in known:
+                continue
+            name = files[0].stem if len(files) == 1 else files[0].parent.name
+            try:
+                result.ids.append(server.store.register(files, name=name))
+            except NsysanError as exc:
+                result.errors.append(str(exc))
     for trace_id in result.ids:
         server.analysis.submit(trace_id)
     return result
@@ -98,6 +99,9 @@ def save_upload(server: Server, contents: Sequence[str], filenames: Sequence[str
     except NsysanError as exc:
         shutil.rmtree(target, ignore_errors=True)
         raise UploadRefused(_without_server_paths(str(exc), target)) from None
+    except BaseException:  # a full disk, say: keep nothing of a refused upload
+        shutil.rmtree(target, ignore_errors=True)
+        raise
     server.analysis.submit(trace_id)
     return trace_id
 

@@ -151,9 +151,9 @@ class TimelineData:
         heat_lanes: list[str] = []
         heat_busy: list[np.ndarray] = []
         for i, lane in enumerate(self.rows["lane"]):
-            lo, hi = self._visible(i, t0, t1)
-            if hi - lo <= row_detail_limit:
-                detail[lane].append(np.arange(lo, hi))
+            visible = self._visible(i, t0, t1)
+            if len(visible) <= row_detail_limit:
+                detail[lane].append(visible)
             else:
                 busy = covered_ns(edges[:-1], edges[1:], self.merged[i]) / np.maximum(np.diff(edges), 1)
                 heat_rows.append(labels[i])
@@ -186,11 +186,15 @@ class TimelineData:
         pad = int((end - start) * margin) + 1_000
         return start - pad, end + pad
 
-    def _visible(self, i: int, t0: int, t1: int) -> tuple[int, int]:
-        """Intervals of row i that may overlap [t0, t1): found by binary search on starts."""
+    def _visible(self, i: int, t0: int, t1: int) -> np.ndarray:
+        """Indexes of row i's intervals overlapping [t0, t1]: binary search on starts narrows them
+        to those starting after t0 minus the row's longest interval, then ends decide (one long
+        NVTX range must not make every earlier kernel count as visible)."""
         lo, hi = self.bounds[i], self.bounds[i + 1]
         starts = self.start[lo:hi]
-        return lo + int(np.searchsorted(starts, t0 - self.max_duration[i])), lo + int(np.searchsorted(starts, t1))
+        first = lo + int(np.searchsorted(starts, t0 - self.max_duration[i]))
+        last = lo + int(np.searchsorted(starts, t1, side="right"))
+        return first + np.flatnonzero(self.end[first:last] >= t0)
 
     def _segments(self, idx: np.ndarray, labels: list[str], ms: Any, colour: str, name: str, width: int) -> go.Scattergl:
         """Intervals as line segments (start, end, gap): one WebGL trace however many there are."""

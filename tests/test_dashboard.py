@@ -63,6 +63,26 @@ def test_zoomed_out_rows_show_their_busy_share_and_zoomed_in_every_interval():
     assert any(str(data.names[data.name[5]]) in text for t in zoomed.data for text in (t.hovertext if t.hovertext is not None else []) if text)
 
 
+def test_one_long_interval_does_not_keep_a_zoomed_row_coarse(tmp_path):
+    from fixtures.exporter import ExportWriter
+
+    w = ExportWriter(tmp_path / "long.sqlite")
+    w.process(100, "python3")
+    w.thread(100, 100, "python3")
+    w.gpu(0)
+    w.kernel(100, 0, 7, 0, 10**9, "long_running_kernel", correlation=1)  # spans the whole run
+    for i in range(3000):
+        w.kernel(100, 0, 8, 1000 + i * 10_000, 1000 + i * 10_000 + 5_000, "short_kernel", correlation=2 + i)
+    with load_trace([w.close()]) as trace:
+        data = TimelineData.from_trace(trace)
+    window = (20_000_000, 20_050_000)  # 50 us: five short kernels and the long one
+    fig = data.figure(window)
+    assert all(t.type != "heatmap" for t in fig.data)
+    (segments,) = fig.data
+    assert len(segments.x) == 6 * 3
+    assert any(t.type == "heatmap" for t in data.figure().data)  # zoomed out: 3,001 is over the limit
+
+
 def test_a_finding_is_marked_and_its_evidence_outlined():
     data = _timeline("pipeline-stall")
     finding = {"id": 7, "rank": 2, "device": 2, "severity": "critical", "title": "stall", "start_ns": 10_035_000,
@@ -80,7 +100,9 @@ def test_routes_take_ids_only():
     assert route("/traces/12", "") == ("overview", {"trace_id": 12})
     assert route("/findings/3", "") == ("finding", {"finding_id": 3})
     assert route("/compare", "?before=1&after=x") == ("compare", {"before": 1})
-    for bad in ("/traces/../../etc/passwd", "/traces/1x", "/files//etc/passwd", "/traces/1/../2"):
+    assert route("/compare", "?before=%C2%B2&after=2") == ("compare", {"after": 2})  # "²" is a digit to str.isdigit
+    for bad in ("/traces/../../etc/passwd", "/traces/1x", "/files//etc/passwd", "/traces/1/../2",
+                "/traces/99999999999999999999", "/traces/\u0662"):  # fmt: skip
         assert route(bad, "")[0] is None
 
 
@@ -139,7 +161,19 @@ def test_users_come_hashed_from_a_file_or_the_environment(tmp_path):
         load_users(users_file)
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.org")
-    assert _safe_next("/traces/1") == "/traces/1" and _safe_next("//evil.example/") == "/" and _safe_next("https://x") == "/"
+    assert _safe_next("/traces/1?x=2") == "/traces/1?x=2"
+    for bad in ("//evil.example/", "https://x", "/\t/evil.example", "/\n", "/\\evil.example", "evil.example", "/ /x"):
+        assert _safe_next(bad) == "/", bad
+
+
+def test_without_login_only_loopback_host_names_are_answered(server):
+    from dashboards.app import create_app
+
+    client = create_app(server).server.test_client()
+    assert client.get("/", headers={"Host": "127.0.0.1:8050"}).status_code == 200
+    assert client.get("/", headers={"Host": "localhost"}).status_code == 200
+    refused = client.get("/", headers={"Host": "attacker.example:8050"})  # DNS rebinding to 127.0.0.1
+    assert refused.status_code == 403 and b"without login" in refused.data
 
 
 def test_serving_beyond_loopback_without_users_is_refused(tmp_path):

@@ -47,9 +47,9 @@ def zoomed_figure(server: Server, trace_id: int, relayout: dict[str, Any] | None
     if not relayout:
         return no_update
     data = server.timelines.get(trace_id)
-    if "xaxis.range[0]" in relayout:
+    if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
         window = tuple(int(data.origin_ns + float(relayout[f"xaxis.range[{i}]"]) * 1e6) for i in (0, 1))
-    elif "xaxis.range" in relayout:
+    elif isinstance(relayout.get("xaxis.range"), list) and len(relayout["xaxis.range"]) == 2:
         window = tuple(int(data.origin_ns + float(v) * 1e6) for v in relayout["xaxis.range"])
     elif relayout.get("xaxis.autorange"):
         window = data.window_for(highlight) if highlight else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import dash
-from dash import Input, Output, State, ctx, dcc, html
+from dash import Input, Output, State, dcc, html
 
 from dashboards import ids
 from dashboards.app import Server
@@ -16,8 +16,8 @@ from dashboards.pages.common import captured
 def layout(server: Server) -> html.Div:
     limit_mib = server.max_upload_bytes / 2**20
     actions = [
-        dcc.Upload(
-            id=ids.UPLOAD, multiple=True, max_size=server.max_upload_bytes, className="upload",
+        dcc.Upload(  # no max_size: the browser would drop a big file silently; the server says why instead
+            id=ids.UPLOAD, multiple=True, className="upload",
             children=html.Div(["Drop nsys SQLite exports here or ", html.A("choose files"),
                                html.Br(), html.Small(f"Files uploaded together are the ranks of one job; "
                                                      f"at most {limit_mib:.0f} MiB in all.")]),
@@ -31,29 +31,34 @@ def layout(server: Server) -> html.Div:
         html.Div(actions, className="actions"),
         html.Div(id=ids.LIBRARY_MESSAGE),
         html.Div(_table(server), id=ids.LIBRARY_TABLE),
-        dcc.Interval(id=ids.LIBRARY_POLL, interval=1000, disabled=not server.analysis.busy()),
+        # always on: traces someone else registers, and their progress, show up without a reload
+        dcc.Interval(id=ids.LIBRARY_POLL, interval=1000),
     ])  # fmt: skip
 
 
 def register(app: dash.Dash, server: Server) -> None:
-    @app.callback(
-        Output(ids.LIBRARY_TABLE, "children"), Output(ids.LIBRARY_MESSAGE, "children"), Output(ids.LIBRARY_POLL, "disabled"),
-        Input(ids.UPLOAD, "contents"), Input(ids.SCAN, "n_clicks"), Input(ids.LIBRARY_POLL, "n_intervals"),
-        State(ids.UPLOAD, "filename"), prevent_initial_call=True,
-    )  # fmt: skip
-    def _refresh(contents: list[str] | None, _scan: int | None, _poll: int | None, filenames: list[str] | None) -> Any:
-        message: Any = dash.no_update
-        if ctx.triggered_id == ids.UPLOAD and contents:
-            try:
-                trace_id = save_upload(server, contents, filenames or [])
-                message = html.P(f"Uploaded as trace {trace_id}; analysing.", className="ok")
-            except UploadRefused as exc:
-                message = html.P(f"Upload refused: {exc}", className="error")
-        elif ctx.triggered_id == ids.SCAN:
-            found = scan_directory(server)
-            lines = [f"Registered {len(found.ids)} new trace(s)."] + [f"Skipped: {e}" for e in found.errors]
-            message = html.Div([html.P(line, className="error" if line.startswith("Skipped") else "ok") for line in lines])
-        return _table(server), message, not server.analysis.busy()
+    @app.callback(Output(ids.LIBRARY_MESSAGE, "children"), Output(ids.UPLOAD, "contents"),
+                  Input(ids.UPLOAD, "contents"), State(ids.UPLOAD, "filename"), prevent_initial_call=True)  # fmt: skip
+    def _upload(contents: list[str] | None, filenames: list[str] | None) -> Any:
+        # the contents are cleared once stored: the browser would otherwise send them again with every call
+        if not contents:
+            return dash.no_update, dash.no_update
+        try:
+            trace_id = save_upload(server, contents, filenames or [])
+        except UploadRefused as exc:
+            return html.P(f"Upload refused: {exc}", className="error"), None
+        return html.P(f"Uploaded as trace {trace_id}; analysing.", className="ok"), None
+
+    @app.callback(Output(ids.LIBRARY_MESSAGE, "children", allow_duplicate=True), Input(ids.SCAN, "n_clicks"),
+                  prevent_initial_call=True)  # fmt: skip
+    def _scan(_n: int) -> Any:
+        found = scan_directory(server)
+        lines = [f"Registered {len(found.ids)} new trace(s)."] + [f"Skipped: {e}" for e in found.errors]
+        return html.Div([html.P(line, className="error" if line.startswith("Skipped") else "ok") for line in lines])
+
+    @app.callback(Output(ids.LIBRARY_TABLE, "children"), Input(ids.LIBRARY_POLL, "n_intervals"), prevent_initial_call=True)
+    def _refresh(_n: int) -> Any:
+        return _table(server)
 
 
 def _table(server: Server) -> html.Table | html.P:

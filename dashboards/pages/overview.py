@@ -30,7 +30,7 @@ def layout(server: Server, trace_id: int) -> html.Div:
                 dcc.Link("compare with another capture", href=f"/compare?before={trace_id}")], className="meta"),
         dcc.Store(id=ids.TRACE_ID, data=trace_id),
         html.Div(_body(server, trace_id), id=BODY),
-        dcc.Interval(id=ids.TRACE_POLL, interval=1000, disabled=t["status"] in ("ready", "failed")),
+        dcc.Interval(id=ids.TRACE_POLL, interval=1000, disabled=_settled(server, trace_id, t["status"])),
         html.H2("Notes"),
         html.Div(_notes(server, trace_id), id=ids.NOTES),
         dcc.Textarea(id=ids.NOTE_TEXT, placeholder="A note on this trace for the team", className="text"),
@@ -42,8 +42,7 @@ def register(app: dash.Dash, server: Server) -> None:
     @app.callback(Output(BODY, "children"), Output(ids.TRACE_POLL, "disabled"),
                   Input(ids.TRACE_POLL, "n_intervals"), State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
     def _poll(_n: int, trace_id: int) -> Any:
-        status = server.store.trace(trace_id)["status"]
-        return _body(server, trace_id), status in ("ready", "failed")
+        return _body(server, trace_id), _settled(server, trace_id, server.store.trace(trace_id)["status"])
 
     @app.callback(Output(ids.TIMELINE, "figure"), Input(ids.TIMELINE, "relayoutData"), State(ids.TRACE_ID, "data"),
                   prevent_initial_call=True)  # fmt: skip
@@ -67,12 +66,18 @@ def register(app: dash.Dash, server: Server) -> None:
         return _notes(server, trace_id), ""
 
 
+def _settled(server: Server, trace_id: int, status: str) -> bool:
+    """Nothing more will change: analysed and drawable, or failed."""
+    progress = server.analysis.progress(trace_id)
+    return status == "failed" or (status == "ready" and (progress is None or progress.stage in ("done", "failed")))
+
+
 def _body(server: Server, trace_id: int) -> Any:
     t = server.store.trace(trace_id)
     if t["status"] == "failed":
         return html.P(f"Analysis failed: {t['error']}", className="error")
-    if t["status"] != "ready":
-        progress = server.analysis.progress(trace_id)
+    progress = server.analysis.progress(trace_id)
+    if t["status"] != "ready" or (progress is not None and progress.stage not in ("done", "failed")):
         return html.P(f"Analysing: {progress.describe() if progress else t['status']}…", className="status")
     try:
         data = server.timelines.get(trace_id)
