@@ -11,31 +11,23 @@ cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check torch==2.13.0
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 
-if nsys_path=$(bash .ci/install-nsys.sh | tail -n 1) && [ -x "$nsys_path" ]; then
-    export NSYS="$nsys_path"
-elif [ "${CI:-}" = "true" ]; then
-    echo "tests/run.sh: could not install Nsight Systems; CI needs it" >&2
-    exit 1
-else
-    echo "tests/run.sh: no Nsight Systems here; the real-nsys tests will skip" >&2
-fi
+# provide PART VAR TEST SCRIPT SKIPS: run SCRIPT (which installs or starts PART and prints what the
+# tests need on its last line), check that line with `[ TEST line ]` and export it as VAR. Without it,
+# CI fails; elsewhere the tests named by SKIPS skip.
+provide() {
+    local part=$1 var=$2 test=$3 script=$4 skips=$5 value
+    if value=$(bash "$script" | tail -n 1) && [ "$test" "$value" ]; then
+        export "$var=$value"
+    elif [ "${CI:-}" = "true" ]; then
+        echo "tests/run.sh: could not provide $part; CI needs it for $skips" >&2
+        exit 1
+    else
+        echo "tests/run.sh: no $part here; $skips will skip" >&2
+    fi
+}
 
-if pg_url=$(bash tests/start-postgres.sh | tail -n 1) && [ -n "$pg_url" ]; then
-    export NSYSAN_TEST_PG_URL="$pg_url"
-elif [ "${CI:-}" = "true" ]; then
-    echo "tests/run.sh: could not start PostgreSQL; CI needs it" >&2
-    exit 1
-else
-    echo "tests/run.sh: no PostgreSQL here; the PostgreSQL store tests will skip" >&2
-fi
-
-if chromium_path=$(bash tests/install-chromium.sh | tail -n 1) && [ -x "$chromium_path" ]; then
-    export NSYSAN_CHROMIUM="$chromium_path"
-elif [ "${CI:-}" = "true" ]; then
-    echo "tests/run.sh: could not install Chromium; CI needs it for the browser tests" >&2
-    exit 1
-else
-    echo "tests/run.sh: no Chromium here; the browser tests will skip" >&2
-fi
+provide "Nsight Systems" NSYS -x .ci/install-nsys.sh "the real-nsys tests"
+provide PostgreSQL NSYSAN_TEST_PG_URL -n tests/start-postgres.sh "the PostgreSQL store tests"
+provide Chromium NSYSAN_CHROMIUM -x tests/install-chromium.sh "the browser tests"
 
 exec python3 -m pytest -ra "$@"
