@@ -81,59 +81,39 @@ def main() -> None:
 
 def in_browser(path: Path, repeat: int) -> None:
     import os
-    import socket
-    import subprocess
     import tempfile
-    import urllib.request
 
     from playwright.sync_api import sync_playwright
 
-    from dashboards.screenshots import CHROMIUM_ARGS
+    from dashboards.launch import ServeProcess, launch_chromium
 
-    with tempfile.TemporaryDirectory() as scratch, socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
+    with tempfile.TemporaryDirectory() as scratch:
         traces = Path(scratch) / "traces"
         traces.mkdir()
         os.symlink(path.resolve(), traces / path.name)
-        server = subprocess.Popen([sys.executable, "-m", "nsysan", "serve", "--db", f"{scratch}/review.sqlite",
-                                   "--traces", str(traces), "--port", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=os.environ.get("NSYSAN_CHROMIUM", "/usr/bin/chromium"),
-                                            args=CHROMIUM_ARGS)  # fmt: skip
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                for _ in range(100):
-                    try:
-                        urllib.request.urlopen(url, timeout=2)
-                        break
-                    except OSError:
-                        time.sleep(0.2)
+        with ServeProcess(traces, f"{scratch}/review.sqlite", Path(scratch)) as server, sync_playwright() as p:
+            url = server.url
+            browser = launch_chromium(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            t = time.perf_counter()
+            page.goto(url)
+            page.locator("td.status", has_text="ready").wait_for(timeout=600_000)
+            print(f"browser: registered, analysed and its timeline prepared in {time.perf_counter() - t:.1f} s")
+            graph = "#timeline .js-plotly-plot"
+            opens, zooms = [], []
+            for i in range(repeat):
                 t = time.perf_counter()
-                page.goto(url)
-                page.locator("td.status", has_text="ready").wait_for(timeout=600_000)
-                print(f"browser: registered, analysed and its timeline prepared in {time.perf_counter() - t:.1f} s")
-                graph = "#timeline .js-plotly-plot"
-                opens, zooms = [], []
-                for i in range(repeat):
-                    t = time.perf_counter()
-                    page.goto(f"{url}/traces/1")
-                    page.locator(f"{graph} g.hm").wait_for(state="attached", timeout=60_000)
-                    opens.append(time.perf_counter() - t)
-                    page.wait_for_timeout(300)
-                    t = time.perf_counter()
-                    lo = 100 + 200 * i
-                    page.evaluate(f"Plotly.relayout(document.querySelector('{graph}'), {{'xaxis.range': [{lo}, {lo + 0.5}]}})")
-                    page.wait_for_function(f"!document.querySelector('{graph}').data.some(t => t.type === 'heatmap')",
-                                           timeout=60_000)  # fmt: skip
-                    zooms.append(time.perf_counter() - t)
-                browser.close()
-        finally:
-            server.terminate()
-            server.wait(timeout=20)
+                page.goto(f"{url}/traces/1")
+                page.locator(f"{graph} g.hm").wait_for(state="attached", timeout=60_000)
+                opens.append(time.perf_counter() - t)
+                page.wait_for_timeout(300)
+                t = time.perf_counter()
+                lo = 100 + 200 * i
+                page.evaluate(f"Plotly.relayout(document.querySelector('{graph}'), {{'xaxis.range': [{lo}, {lo + 0.5}]}})")
+                page.wait_for_function(f"!document.querySelector('{graph}').data.some(t => t.type === 'heatmap')",
+                                       timeout=60_000)  # fmt: skip
+                zooms.append(time.perf_counter() - t)
+            browser.close()
     print(f"browser: open the overview until drawn: median {statistics.median(opens):.2f} s (first {opens[0]:.2f} s, "
           f"max {max(opens):.2f} s) over {repeat}; {statistics.median(opens) / 2:.2f}x of the 2 s target")
     print(f"browser: zoom to 0.5 ms until redrawn with every kernel: median {statistics.median(zooms):.2f} s "

@@ -10,36 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
+from dashboards.launch import ServeProcess, launch_chromium
 from fixtures.samples import SAMPLES_DIR
-
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-                 "--disable-background-networking", "--disable-component-update"]  # fmt: skip
-
-
-def _serve(traces: Path, tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "nsysan", "serve", "--db", str(tmp / "review.sqlite"),
-                                "--traces", str(traces), "--port", str(port), "--uploads", str(tmp / "uploads")],
-                               stderr=subprocess.DEVNULL)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return process, url
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise SystemExit("nsysan serve did not start")
 
 
 def main() -> None:
@@ -59,58 +34,53 @@ def main() -> None:
             os.symlink(SAMPLES_DIR / f"{name}.sqlite", traces / f"{name}.sqlite")
         if args.big:
             os.symlink(args.big.resolve(), traces / args.big.name)
-        process, url = _serve(traces, tmp)
-        try:
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=os.environ.get("NSYSAN_CHROMIUM", "/usr/bin/chromium"),
-                                            args=CHROMIUM_ARGS)  # fmt: skip
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
+        with ServeProcess(traces, str(tmp / "review.sqlite"), tmp) as server, sync_playwright() as p:
+            url = server.url
+            browser = launch_chromium(p)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(url)
+            timeout = 600_000 if args.big else 60_000
+            page.locator("td.status", has_text="ready").nth(4 + bool(args.big)).wait_for(timeout=timeout)
+
+            def shot(name: str) -> None:
+                page.wait_for_timeout(1500)
+                page.screenshot(path=str(args.out / f"{name}.png"), full_page=True)
+                print(args.out / f"{name}.png")
+
+            shot("library")
+            ids = {name: page.locator("tr", has=page.get_by_role("link", name=name, exact=True)).get_attribute("data-trace")
+                   for name in ("pipeline-stall", "pipeline-stall-fixed")}  # fmt: skip
+            page.goto(f"{url}/traces/{ids['pipeline-stall']}")
+            page.fill("#note-text", "Captured on 4 GPUs with the 1F1B schedule; rank 3 loads its data late.")
+            page.click("#note-add")
+            page.locator("li.note").wait_for()
+            shot("overview")
+            page.goto(f"{url}/traces/{ids['pipeline-stall']}/findings")
+            page.locator("#findings-table a").first.click()
+            page.locator("#finding-timeline .main-svg").first.wait_for()
+            page.fill("#author", "sam")
+            page.click("#finding-status")
+            page.get_by_role("option", name="confirmed").click()
+            page.fill("#finding-assignee", "dana")
+            page.click("#finding-save")
+            page.locator(".saved").wait_for()
+            page.fill("#comment-text", "Rank 3 starts its sends late; moving its sends to their own group.")
+            page.click("#comment-add")
+            page.locator("li.comment").wait_for()
+            shot("finding")
+            page.goto(f"{url}/traces/{ids['pipeline-stall']}/findings")
+            page.locator("#findings-table").get_by_text("confirmed").wait_for()
+            shot("findings")
+            page.goto(f"{url}/compare?before={ids['pipeline-stall']}&after={ids['pipeline-stall-fixed']}")
+            page.locator("#step-change").wait_for()
+            shot("compare")
+            if args.big:
                 page.goto(url)
-                timeout = 600_000 if args.big else 60_000
-                page.locator("td.status", has_text="ready").nth(4 + bool(args.big)).wait_for(timeout=timeout)
-
-                def shot(name: str) -> None:
-                    page.wait_for_timeout(1500)
-                    page.screenshot(path=str(args.out / f"{name}.png"), full_page=True)
-                    print(args.out / f"{name}.png")
-
-                shot("library")
-                ids = {name: page.locator("tr", has=page.get_by_role("link", name=name, exact=True)).get_attribute("data-trace")
-                       for name in ("pipeline-stall", "pipeline-stall-fixed")}  # fmt: skip
-                page.goto(f"{url}/traces/{ids['pipeline-stall']}")
-                page.fill("#note-text", "Captured on 4 GPUs with the 1F1B schedule; rank 3 loads its data late.")
-                page.click("#note-add")
-                page.locator("li.note").wait_for()
-                shot("overview")
-                page.goto(f"{url}/traces/{ids['pipeline-stall']}/findings")
-                page.locator("#findings-table a").first.click()
-                page.locator("#finding-timeline .main-svg").first.wait_for()
-                page.fill("#author", "sam")
-                page.click("#finding-status")
-                page.get_by_role("option", name="confirmed").click()
-                page.fill("#finding-assignee", "dana")
-                page.click("#finding-save")
-                page.locator(".saved").wait_for()
-                page.fill("#comment-text", "Rank 3 starts its sends late; moving its sends to their own group.")
-                page.click("#comment-add")
-                page.locator("li.comment").wait_for()
-                shot("finding")
-                page.goto(f"{url}/traces/{ids['pipeline-stall']}/findings")
-                page.locator("#findings-table").get_by_text("confirmed").wait_for()
-                shot("findings")
-                page.goto(f"{url}/compare?before={ids['pipeline-stall']}&after={ids['pipeline-stall-fixed']}")
-                page.locator("#step-change").wait_for()
-                shot("compare")
-                if args.big:
-                    page.goto(url)
-                    big = page.locator("tr", has=page.get_by_role("link", name=args.big.stem, exact=True)).get_attribute("data-trace")
-                    page.goto(f"{url}/traces/{big}")
-                    page.locator("#timeline .main-svg").first.wait_for(timeout=120_000)
-                    shot("overview-1m")
-                browser.close()
-        finally:
-            process.terminate()
-            process.wait(timeout=20)
+                big = page.locator("tr", has=page.get_by_role("link", name=args.big.stem, exact=True)).get_attribute("data-trace")
+                page.goto(f"{url}/traces/{big}")
+                page.locator("#timeline .main-svg").first.wait_for(timeout=120_000)
+                shot("overview-1m")
+            browser.close()
 
 
 if __name__ == "__main__":

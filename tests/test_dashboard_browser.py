@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,48 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from dashboards.launch import ServeProcess, chromium_executable, launch_chromium
 from fixtures.samples import SAMPLES_DIR
 from tests.conftest import need
 
-CHROMIUM = Path(os.environ.get("NSYSAN_CHROMIUM", "/usr/bin/chromium"))
-# without the networking flags Chromium keeps trying to reach Google, which this closed network refuses
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-                 "--disable-background-networking", "--disable-component-update"]  # fmt: skip
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Served:
-    def __init__(self, tmp: Path, db: str, *, host: str = "127.0.0.1", env: dict[str, str] | None = None,
-                 samples: tuple[str, ...] = ("pipeline-stall", "pipeline-stall-fixed")) -> None:  # fmt: skip
-        self.traces = tmp / "traces"
-        self.traces.mkdir(exist_ok=True)
-        for name in samples:
-            shutil.copy(SAMPLES_DIR / f"{name}.sqlite", self.traces)
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / "serve.log"
-        command = [sys.executable, "-m", "nsysan", "serve", "--db", db, "--traces", str(self.traces), "--host", host,
-                   "--port", str(self.port), "--uploads", str(tmp / "uploads")]  # fmt: skip
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/login" if env else self.url, timeout=2)
-                break
-            except (urllib.error.URLError, ConnectionError):
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nsysan serve did not start:\n{self.log.read_text()}") from None
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=20)
+def serve(tmp: Path, db: str, *, samples: tuple[str, ...] = ("pipeline-stall", "pipeline-stall-fixed"),
+          **options: object) -> ServeProcess:  # fmt: skip
+    """``nsysan serve`` on copies of ``samples`` (plus whatever the test put in ``tmp/traces``)."""
+    traces = tmp / "traces"
+    traces.mkdir(exist_ok=True)
+    for name in samples:
+        shutil.copy(SAMPLES_DIR / f"{name}.sqlite", traces)
+    return ServeProcess(traces, db, tmp, **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +34,9 @@ def browser() -> Iterator[object]:
     except ImportError:
         sync_playwright = None
     need(sync_playwright is not None, "Playwright (pip install playwright)")
-    need(CHROMIUM.exists(), f"Chromium at {CHROMIUM} (Debian's chromium package)")
+    need(chromium_executable().exists(), f"Chromium at {chromium_executable()} (Debian's chromium package)")
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        b = launch_chromium(p)
         yield b
         b.close()
 
@@ -87,10 +54,9 @@ def _database(kind: str, tmp: Path) -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def served(request, tmp_path) -> Iterator[Served]:
-    s = Served(tmp_path, _database(request.param, tmp_path))
-    yield s
-    s.stop()
+def served(request, tmp_path) -> Iterator[ServeProcess]:
+    with serve(tmp_path, _database(request.param, tmp_path)) as s:
+        yield s
 
 
 def _ready(page, name: str) -> None:
@@ -203,7 +169,7 @@ def test_an_upload_that_is_not_an_export_is_refused(browser, served, tmp_path):
 def test_login_is_required_beyond_loopback(browser, tmp_path):
     from dashboards.auth import hash_password
 
-    s = Served(tmp_path, str(tmp_path / "review.sqlite"), host="0.0.0.0",
+    s = serve(tmp_path, str(tmp_path / "review.sqlite"), host="0.0.0.0",
                env={"NSYSAN_USERS": f"alice={hash_password('wonderland-42')}"})  # fmt: skip
     try:
         request = urllib.request.Request(f"{s.url}/_dash-update-component", data=b"{}", method="POST",
@@ -232,7 +198,7 @@ def test_a_big_trace_is_drawn_as_busy_share_and_zooming_in_shows_every_kernel(br
 
     (tmp_path / "traces").mkdir()
     build(tmp_path / "traces" / "big.sqlite", 24_000)  # 8 ranks, ~2,850 compute kernels per GPU row
-    s = Served(tmp_path, str(tmp_path / "review.sqlite"), samples=())
+    s = serve(tmp_path, str(tmp_path / "review.sqlite"), samples=())
     try:
         page = browser.new_page()
         errors: list[str] = []
