@@ -30,6 +30,10 @@ class Progress:
     stage: str  # queued | analysing | preparing timeline | done | failed
     since: float
 
+    @property
+    def active(self) -> bool:
+        return self.stage not in ("done", "failed")
+
     def describe(self) -> str:
         return f"{self.stage} ({time.monotonic() - self.since:.0f} s)"
 
@@ -93,13 +97,15 @@ class AnalysisQueue:
             self.submit(trace_id)
         return len(pending)
 
-    def progress(self, trace_id: int) -> Progress | None:
+    def working(self, trace_id: int) -> Progress | None:
+        """The trace's progress while it is queued, analysed or its timeline prepared; else None."""
         with self._lock:
-            return self._progress.get(trace_id)
+            progress = self._progress.get(trace_id)
+        return progress if progress is not None and progress.active else None
 
     def busy(self) -> bool:
         with self._lock:
-            return any(p.stage not in ("done", "failed") for p in self._progress.values())
+            return any(p.active for p in self._progress.values())
 
     def wait(self, timeout: float = 60.0) -> bool:
         """Until nothing is queued or running (for tests and scripts)."""

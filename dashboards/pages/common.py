@@ -37,6 +37,14 @@ def where(f: dict[str, Any]) -> str:
     return ", ".join(p for p in parts if p) or "whole job"
 
 
+def thread(entries: list[dict[str, Any]], kind: str, empty: str) -> Any:
+    """Comments on a finding or notes on a trace: author, time (UTC, to the minute), text."""
+    if not entries:
+        return html.P(empty, className="hint")
+    return html.Ul([html.Li([html.B(e["author"]), f" · {e['created_at'][:16].replace('T', ' ')}: ", e["body"]],
+                            className=kind) for e in entries])  # fmt: skip
+
+
 def missing(what: str) -> html.Div:
     return html.Div(html.P(what, className="error"))
 

@@ -15,7 +15,7 @@ from dash import Input, Output, State, dcc, html
 
 from dashboards import ids
 from dashboards.app import Server
-from dashboards.pages.common import duration, missing, severity_badge, where, zoomed_figure
+from dashboards.pages.common import duration, missing, severity_badge, thread, where, zoomed_figure
 from nsysan.errors import InputError
 from nsysan.store import FINDING_STATUSES, NotFound, StaleEdit
 
@@ -95,7 +95,4 @@ def register(app: dash.Dash, server: Server) -> None:
 
 
 def _comments(comments: list[dict[str, Any]]) -> Any:
-    if not comments:
-        return html.P("No comments yet.", className="hint")
-    return html.Ul([html.Li([html.B(c["author"]), f" · {c['created_at'][:16].replace('T', ' ')}: ", c["body"]],
-                            className="comment") for c in comments])  # fmt: skip
+    return thread(comments, "comment", "No comments yet.")

@@ -73,10 +73,8 @@ def _table(server: Server) -> html.Table | html.P:
 
 
 def _row(server: Server, t: dict[str, Any]) -> html.Tr:
-    progress = server.analysis.progress(t["id"])
-    status = t["status"]
-    if progress is not None and progress.stage not in ("done", "failed"):
-        status = progress.describe()  # queued, analysing, or preparing the timeline
+    working = server.analysis.working(t["id"])
+    status = working.describe() if working else t["status"]  # queued, analysing, or preparing the timeline
     ready = status == "ready"
     status_cell = html.Td([status, html.Div(t["error"], className="error")] if t["error"] else status, className="status")
     counts = [html.Td(t["findings"][s] if ready else "", className=f"count {s}{' some' if ready and t['findings'][s] else ''}") for s in ("critical", "warning", "info")]

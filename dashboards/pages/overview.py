@@ -9,7 +9,7 @@ from dash import Input, Output, State, dcc, html
 
 from dashboards import ids
 from dashboards.app import Server
-from dashboards.pages.common import captured, duration, missing, zoomed_figure
+from dashboards.pages.common import captured, duration, missing, thread, zoomed_figure
 from nsysan.errors import InputError
 from nsysan.store import NotFound
 
@@ -22,6 +22,7 @@ def layout(server: Server, trace_id: int) -> html.Div:
     except NotFound:
         return missing(f"No trace {trace_id}.")
     counts = ", ".join(f"{n} {s}" for s, n in t["findings"].items() if n) or "none"
+    body, final = _body(server, t)
     return html.Div([
         html.H1(t["name"]),
         html.P([f"Ranks {', '.join(map(str, t['ranks'])) or '–'} · GPUs {', '.join(map(str, t['devices'])) or '–'} · "
@@ -29,8 +30,8 @@ def layout(server: Server, trace_id: int) -> html.Div:
                 dcc.Link("findings table", href=f"/traces/{trace_id}/findings"), " · ",
                 dcc.Link("compare with another capture", href=f"/compare?before={trace_id}")], className="meta"),
         dcc.Store(id=ids.TRACE_ID, data=trace_id),
-        html.Div(_body(server, trace_id), id=BODY),
-        dcc.Interval(id=ids.TRACE_POLL, interval=1000, disabled=_settled(server, trace_id, t["status"])),
+        html.Div(body, id=BODY),
+        dcc.Interval(id=ids.TRACE_POLL, interval=1000, disabled=final),
         html.H2("Notes"),
         html.Div(_notes(server, trace_id), id=ids.NOTES),
         dcc.Textarea(id=ids.NOTE_TEXT, placeholder="A note on this trace for the team", className="text"),
@@ -42,7 +43,7 @@ def register(app: dash.Dash, server: Server) -> None:
     @app.callback(Output(BODY, "children"), Output(ids.TRACE_POLL, "disabled"),
                   Input(ids.TRACE_POLL, "n_intervals"), State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
     def _poll(_n: int, trace_id: int) -> Any:
-        return _body(server, trace_id), _settled(server, trace_id, server.store.trace(trace_id)["status"])
+        return _body(server, server.store.trace(trace_id))
 
     @app.callback(Output(ids.TIMELINE, "figure"), Input(ids.TIMELINE, "relayoutData"), State(ids.TRACE_ID, "data"),
                   prevent_initial_call=True)  # fmt: skip
@@ -66,35 +67,26 @@ def register(app: dash.Dash, server: Server) -> None:
         return _notes(server, trace_id), ""
 
 
-def _settled(server: Server, trace_id: int, status: str) -> bool:
-    """Nothing more will change: analysed and drawable, or failed."""
-    progress = server.analysis.progress(trace_id)
-    return status == "failed" or (status == "ready" and (progress is None or progress.stage in ("done", "failed")))
-
-
-def _body(server: Server, trace_id: int) -> Any:
-    t = server.store.trace(trace_id)
+def _body(server: Server, t: dict[str, Any]) -> tuple[Any, bool]:
+    """What the page shows under its header, and whether that is final (nothing left to poll for)."""
+    trace_id = t["id"]
     if t["status"] == "failed":
-        return html.P(f"Analysis failed: {t['error']}", className="error")
-    progress = server.analysis.progress(trace_id)
-    if t["status"] != "ready" or (progress is not None and progress.stage not in ("done", "failed")):
-        return html.P(f"Analysing: {progress.describe() if progress else t['status']}…", className="status")
+        return html.P(f"Analysis failed: {t['error']}", className="error"), True
+    working = server.analysis.working(trace_id)
+    if t["status"] != "ready" or working:
+        return html.P(f"Analysing: {working.describe() if working else t['status']}…", className="status"), False
     try:
         data = server.timelines.get(trace_id)
     except InputError as exc:
-        return html.P(f"No timeline: {exc}", className="error")
+        return html.P(f"No timeline: {exc}", className="error"), True
     figure = data.figure(None, server.store.findings(trace_id))
     return [
         html.P(f"{data.intervals:,} kernels, copies and NVTX ranges in {len(data.rows)} rows. Zoom in to see every "
                "one; zoomed out, a row that would show more than 2,000 is drawn as its busy share. Click a ▼ to "
                "open its finding.", className="hint"),
         dcc.Graph(id=ids.TIMELINE, figure=figure, config={"displaylogo": False, "scrollZoom": True}),
-    ]  # fmt: skip
+    ], True  # fmt: skip
 
 
 def _notes(server: Server, trace_id: int) -> Any:
-    notes = server.store.notes(trace_id)
-    if not notes:
-        return html.P("No notes yet.", className="hint")
-    return html.Ul([html.Li([html.B(n["author"]), f" · {n['created_at'][:16].replace('T', ' ')}: ", n["body"]],
-                            className="note") for n in notes])  # fmt: skip
+    return thread(server.store.notes(trace_id), "note", "No notes yet.")
