@@ -38,10 +38,10 @@ def test_json_follows_the_findings_contract():
     result = invoke("report", SAMPLE, "--format", "json")
     assert result.exit_code == 0
     doc = json.loads(result.output)
-    assert set(doc) == {"nsysan_version", "traces", "findings", "summary"}
+    assert set(doc) == {"nsysan_version", "traces", "findings", "groups", "summary"}
     assert doc["nsysan_version"] == __version__
     assert doc["traces"] == [{"path": SAMPLE, "schema_version": "3.28.1", "ranks": [0, 1], "devices": [0, 1]}]
-    assert doc["findings"] == []
+    assert doc["findings"] == [] and doc["groups"] == []
     s = doc["summary"]
     assert s["findings_by_severity"] == {"info": 0, "warning": 0, "critical": 0}
     assert s["exports"][0]["kernels"] == 108 and s["exports"][0]["nccl_kernels"] == 12
@@ -92,7 +92,7 @@ def test_fail_on_gates_on_severity(monkeypatch, severity, fail_on, code):
         assert "at " + fail_on in str(result.exception)
     doc = json.loads(result.output)
     assert doc["findings"][0] == {
-        "kind": "command_buffer_full", "severity": severity.value, "rank": 0, "device": 0, "pid": 4100,
+        "kind": "command_buffer_full", "group": "", "severity": severity.value, "rank": 0, "device": 0, "pid": 4100,
         "start_ns": 1, "end_ns": 2, "impact_ns": 1, "title": "launch queue full",
         "evidence": {"kernels": ["ampere_sgemm_128x64_tn"]}, "advice": "use CUDA graphs",
     }  # fmt: skip

@@ -93,7 +93,7 @@ def test_every_finding_follows_the_contract(outcomes):
     for _, _, _, _, findings in outcomes:
         for f in findings:
             d = f.to_dict()
-            assert list(d) == ["kind", "severity", "rank", "device", "pid", "start_ns", "end_ns", "impact_ns",
+            assert list(d) == ["kind", "group", "severity", "rank", "device", "pid", "start_ns", "end_ns", "impact_ns",
                                "title", "evidence", "advice"]  # fmt: skip
             assert d["start_ns"] <= d["end_ns"] and d["impact_ns"] >= 0
             assert d["title"] and d["advice"] and d["evidence"]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pandas as pd
 
 from nsysan.detect.registry import param
-from nsysan.findings import Severity
+from nsysan.findings import Finding, Severity
 from nsysan.ingest.trace import Trace
 
 
@@ -43,3 +44,23 @@ def run_ns(trace: Trace) -> pd.Series:
 
 def share_text(impact_ns: int, run: int) -> str:
     return f"{100.0 * impact_ns / run:.1f}% of the run" if run > 0 else "run length unknown"
+
+
+def grade(findings: list[tuple[Finding, int]], p: SeverityParams) -> list[Finding]:
+    """Give every finding its group's severity: the group's total impact over the longest run
+    among its members. Fifty info-sized episodes of one problem worth 4% together are a warning.
+
+    ``findings``: (finding, run length in ns of the export it came from). Findings without a
+    group key are graded alone.
+    """
+    totals: dict[str, int] = {}
+    runs: dict[str, int] = {}
+    for f, run in findings:
+        if f.group:
+            totals[f.group] = totals.get(f.group, 0) + f.impact_ns
+            runs[f.group] = max(runs.get(f.group, 0), run)
+    out = []
+    for f, run in findings:
+        impact, span = (totals[f.group], runs[f.group]) if f.group else (f.impact_ns, run)
+        out.append(dataclasses.replace(f, severity=severity(impact, span, p)))
+    return out

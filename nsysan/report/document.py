@@ -35,6 +35,31 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [_plain(row) for row in df.astype(object).to_dict("records")]
 
 
+_SEVERITY_RANK = {s.value: s.rank for s in Severity}
+
+
+def fold_groups(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Findings (contract dicts) folded by their ``group`` key: one headline per problem.
+
+    A headline has the group's severity, how many occurrences it has, their total impact and the
+    index (into ``findings``) of the worst one; headlines come worst first. A finding without a
+    group key is a group of its own.
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    for i, f in enumerate(findings):
+        key = f.get("group") or f"#{i}"
+        g = groups.setdefault(key, {"group": f.get("group") or "", "kind": f["kind"], "severity": f["severity"],
+                                    "count": 0, "impact_ns": 0, "worst": i, "findings": []})  # fmt: skip
+        g["count"] += 1
+        g["impact_ns"] += int(f["impact_ns"])
+        g["findings"].append(i)
+        if _SEVERITY_RANK[f["severity"]] > _SEVERITY_RANK[g["severity"]]:
+            g["severity"] = f["severity"]
+        if f["impact_ns"] > findings[g["worst"]]["impact_ns"]:
+            g["worst"] = i
+    return sorted(groups.values(), key=lambda g: (-_SEVERITY_RANK[g["severity"]], -g["impact_ns"], g["worst"]))
+
+
 def build_document(overview: Overview, findings: list[Finding]) -> dict[str, Any]:
     exports = overview.exports
     traces = [
@@ -55,9 +80,11 @@ def build_document(overview: Overview, findings: list[Finding]) -> dict[str, Any
         "transfers": records(overview.transfers),
         "limitations": list(overview.limitations),
     }
+    plain = [_plain(f.to_dict()) for f in findings]
     return {
         "nsysan_version": __version__,
         "traces": traces,
-        "findings": [_plain(f.to_dict()) for f in findings],
+        "findings": plain,
+        "groups": fold_groups(plain),
         "summary": summary,
     }

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from nsysan.report.sections import finding_lines, tables
+from nsysan.report.sections import finding_lines, group_headline, groups, other_occurrences, tables
 
 FORMATS = ("terminal", "json", "markdown", "html")
 
@@ -22,7 +22,21 @@ def _headline(doc: dict[str, Any]) -> str:
     counts = doc["summary"]["findings_by_severity"]
     n = len(doc["findings"])
     parts = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    return f"{n} finding{'s' if n != 1 else ''}" + (f" ({parts})" if parts else "")
+    text = f"{n} finding{'s' if n != 1 else ''}" + (f" ({parts})" if parts else "")
+    g = len(groups(doc))
+    return text + (f" in {g} group{'s' if g != 1 else ''}" if g != n else "")
+
+
+def _grouped(doc: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """(severity, headline, lines) per group: the worst occurrence's lines plus the others, briefly."""
+    out = []
+    for g in groups(doc):
+        lines = finding_lines(doc["findings"][g["worst"]])
+        others = other_occurrences(doc, g)
+        if others:
+            lines.insert(len(lines) - 1, ("other occurrences", "; ".join(others)))
+        out.append((g["severity"], group_headline(doc, g), lines))
+    return out
 
 
 def render_json(doc: dict[str, Any]) -> str:
@@ -34,9 +48,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
     out += ["## Findings", ""]
     if not doc["findings"]:
         out += ["No findings.", ""]
-    for f in doc["findings"]:
-        out += [f"### [{f['severity']}] {f['title']}", ""]
-        out += [f"- **{label}**: {text}" for label, text in finding_lines(f)] + [""]
+    for severity, headline, lines in _grouped(doc):
+        out += [f"### [{severity}] {headline}", ""]
+        out += [f"- **{label}**: {text}" for label, text in lines] + [""]
     for t in tables(doc):
         out += [f"## {t.title}", ""]
         if not t.rows:
@@ -69,9 +83,9 @@ def render_html(doc: dict[str, Any]) -> str:
     ]  # fmt: skip
     if not doc["findings"]:
         out.append("<p>No findings.</p>")
-    for f in doc["findings"]:
-        out.append(f"<h3 class='{e(f['severity'])}'>[{e(f['severity'])}] {e(f['title'])}</h3><ul>")
-        out += [f"<li><b>{e(label)}</b>: {e(text)}</li>" for label, text in finding_lines(f)]
+    for severity, headline, lines in _grouped(doc):
+        out.append(f"<h3 class='{e(severity)}'>[{e(severity)}] {e(headline)}</h3><ul>")
+        out += [f"<li><b>{e(label)}</b>: {e(text)}</li>" for label, text in lines]
         out.append("</ul>")
     for t in tables(doc):
         out.append(f"<h2>{e(t.title)}</h2>")
@@ -101,11 +115,11 @@ def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = 
     styles = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
     if doc["findings"]:
         console.print(Text("Findings", style="bold"))
-    for f in doc["findings"]:
-        line = Text(f"[{f['severity']}] ", style=styles[f["severity"]])
-        line.append(f["title"], style="bold")
+    for severity, headline, lines in _grouped(doc):
+        line = Text(f"[{severity}] ", style=styles[severity])
+        line.append(headline, style="bold")
         console.print(line)
-        for label, text in finding_lines(f):
+        for label, text in lines:
             console.print(Text(f"  {label}: {text}"))
     for t in tables(doc):
         if not t.rows:

@@ -89,3 +89,35 @@ def finding_lines(finding: dict[str, Any]) -> list[tuple[str, str]]:
     lines += [(f"evidence.{k}", _value(v)) for k, v in finding.get("evidence", {}).items()]
     lines.append(("fix", finding["advice"]))
     return lines
+
+
+def groups(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The document's finding groups; a saved report from before groups existed is folded here."""
+    if "groups" in doc:
+        return doc["groups"]
+    from nsysan.report.document import fold_groups
+
+    return fold_groups(doc["findings"])
+
+
+def group_headline(doc: dict[str, Any], group: dict[str, Any]) -> str:
+    """One line for a group: the worst occurrence's title, and for several, count and total."""
+    worst = doc["findings"][group["worst"]]
+    if group["count"] == 1:
+        return worst["title"]
+    return (f"{group['count']} occurrences, {fmt.duration(group['impact_ns'])} lost in total; "
+            f"worst: {worst['title']}")  # fmt: skip
+
+
+def other_occurrences(doc: dict[str, Any], group: dict[str, Any], limit: int = 10) -> list[str]:
+    """Short lines for a group's occurrences other than the worst, largest impact first."""
+    rest = sorted((i for i in group["findings"] if i != group["worst"]),
+                  key=lambda i: -doc["findings"][i]["impact_ns"])  # fmt: skip
+    lines = []
+    for i in rest[:limit]:
+        f = doc["findings"][i]
+        lines.append(f"{fmt.timestamp(f['start_ns'])} to {fmt.timestamp(f['end_ns'])}: {fmt.duration(f['impact_ns'])}"
+                     + (f" (rank {f['rank']})" if f.get("rank") is not None else ""))
+    if len(rest) > limit:
+        lines.append(f"... and {len(rest) - limit} more (all in --format json)")
+    return lines
