@@ -17,6 +17,7 @@ memset             pid device context stream correlation_id start_ns end_ns byte
 cuda_api           pid tid correlation_id start_ns end_ns name return_value api
 nvtx               pid tid start_ns end_ns event_type domain text category payload_int
                    payload_float json
+nccl_calls         pid tid start_ns end_ns call comm_id bytes peer nranks comm_rank
 overhead           pid tid start_ns end_ns name overhead_type correlation_id source
 sync               pid device context stream correlation_id start_ns end_ns sync_type
                    event_id event_sync_id
@@ -46,6 +47,7 @@ from nsysan.errors import InputError
 from nsysan.ingest import frames
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.nccl import NCCL_COLUMNS, classify_kernels
+from nsysan.ingest.nccl_calls import read_nccl_calls
 from nsysan.ingest.ranks import identify_ranks
 from nsysan.ingest.tables import find_table
 
@@ -204,6 +206,12 @@ class Trace:
     @functools.cached_property
     def nvtx(self) -> pd.DataFrame:
         return self._gather(frames.read_nvtx)
+
+    @functools.cached_property
+    def nccl_calls(self) -> pd.DataFrame:
+        """NCCL API calls from NCCL's NVTX ranges, with communicator and size where the export has
+        them (see :func:`nsysan.ingest.nccl_calls.nccl_payload_status` for why they may not)."""
+        return self._gather(read_nccl_calls)
 
     @functools.cached_property
     def overhead(self) -> pd.DataFrame:
