@@ -26,6 +26,8 @@ FILTER_KIND = "filter-kind"
 FILTER_SEVERITY = "filter-severity"
 FILTER_STATUS = "filter-status"
 FILTER_RANK = "filter-rank"
+OCCURRENCES = "occurrences"  # a headline's occurrences, shown when its row is clicked
+OCCURRENCES_TABLE = "occurrences-table"
 
 # finding detail and review
 FINDING_ID = "finding-id"

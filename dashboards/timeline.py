@@ -12,7 +12,7 @@ the server; :meth:`TimelineData.figure` is what runs on every zoom.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from nsysan.errors import InputError
 from nsysan.ingest.frames import NVTX_RANGE_TYPES
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
+from nsysan.report.document import fold_groups
 
 LANES = ("compute", "NCCL", "copies", "NVTX")
 LANE_COLOURS = {"compute": "#1f77b4", "NCCL": "#ff7f0e", "copies": "#2ca02c", "NVTX": "#9467bd"}
@@ -138,8 +139,9 @@ class TimelineData:
         bins: int = DEFAULT_BINS,
         row_detail_limit: int = ROW_DETAIL_LIMIT,
     ) -> go.Figure:
-        """The timeline over ``window_ns`` (job clock; default: everything), with a marker per
-        finding; ``highlight`` (a finding) gets its window shaded and its evidence kernels outlined."""
+        """The timeline over ``window_ns`` (job clock; default: everything), with a marker per group
+        of findings (:meth:`_markers`); ``highlight`` (a finding) gets its window shaded and its
+        evidence kernels outlined."""
         t0, t1 = window_ns or self.extent_ns
         t1 = max(t1, t0 + 1)
         labels = self.rows["label"].tolist()
@@ -215,17 +217,21 @@ class TimelineData:
             where &= rows["device"].isna() | (rows["device"] == device)
         return rows.index[where.fillna(False)].tolist()
 
-    def _markers(self, fig: go.Figure, findings: Iterable[dict[str, Any]], labels: list[str], ms: Any) -> None:
+    def _markers(self, fig: go.Figure, findings: Sequence[dict[str, Any]], labels: list[str], ms: Any) -> None:
+        """One marker per group of findings (episodes of one problem), at its worst occurrence: a
+        problem seen fifty times is one marker, not fifty on top of each other."""
         xs, ys, colours, text, ids = [], [], [], [], []
-        for f in findings:
+        # findings may come bare, without kind or impact (benchmarks/overview.py): fold them all the same
+        findings = [{"kind": "", "impact_ns": 0} | f for f in findings]
+        for g in fold_groups(findings) if labels else ():
+            f = findings[g["worst"]]
             rows = self._rows_of(f.get("rank"), f.get("device")) or [0]
-            if not labels:
-                break
             start, _ = self.window_for(f, margin=0)
             xs.append(float(ms(start + 1_000)))
             ys.append(labels[rows[0]])
-            colours.append(SEVERITY_COLOURS.get(f["severity"], "#000"))
-            text.append(f"[{f['severity']}] {f['title']}")
+            colours.append(SEVERITY_COLOURS.get(g["severity"], "#000"))
+            more = f"<br>worst of {g['count']} occurrences, {g['impact_ns'] / 1e6:,.2f} ms in all" if g["count"] > 1 else ""
+            text.append(f"[{g['severity']}] {f['title']}{more}")
             ids.append(f.get("id"))
         if xs:
             fig.add_trace(go.Scatter(

@@ -11,9 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dashboards import ids
 from dashboards.app import Server, route
 from dashboards.auth import _safe_next, hash_password, is_loopback, load_users
 from dashboards.library import UploadRefused, jobs_in, save_upload, scan_directory
+from dashboards.pages.findings import FILTERS
 from dashboards.timeline import TimelineData, evidence_correlation_ids
 from fixtures.samples import SAMPLES_DIR, sample_paths
 from nsysan.errors import InputError
@@ -96,6 +98,65 @@ def test_a_finding_is_marked_and_its_evidence_outlined():
     assert fig.layout.shapes[0].y0 == 3.5 and fig.layout.shapes[0].y1 == 5.5  # rank 2's rows (NCCL and NVTX)
 
 
+MS = 1_000_000
+
+
+def _found(n: int, group: str, impact_ms: float, severity: str = "critical", status: str = "open", rank: int | None = 0,
+           assignee: str | None = None) -> dict:  # fmt: skip
+    """Finding ``n`` as the store returns it."""
+    return {"id": n, "trace_id": 1, "kind": "comm_compute_slowdown", "group": group, "severity": severity, "rank": rank,
+            "device": 0, "pid": 9, "start_ns": n * 10 * MS, "end_ns": n * 10 * MS + 2 * MS,
+            "impact_ns": int(impact_ms * MS), "title": f"slowed [{n}]", "evidence": {}, "advice": "overlap less",
+            "status": status, "assignee": assignee, "version": 1}  # fmt: skip
+
+
+def test_findings_of_one_group_fold_into_one_headline():
+    from dashboards.pages.findings import headlines
+
+    g = "comm_compute_slowdown|rank 0|device 0|sgemm|nccl"
+    found = [_found(1, g, 1, status="confirmed", assignee="ada"), _found(2, g, 5), _found(3, g, 2),
+             _found(4, "", 3, severity="warning")]  # fmt: skip
+    rows = headlines(found)
+    assert [(r["id"], r["count"], r["impact_ms"], r["worst_ms"], r["worst_id"], r["severity"]) for r in rows] == [
+        (g, 3, 8.0, 5.0, 2, "critical"), ("#4", 1, 3.0, 3.0, 4, "warning")]
+    assert rows[0]["title"] == r"[slowed \[2\]](/findings/2)"  # the worst occurrence, linked to its page
+    assert (rows[0]["status"], rows[0]["assignee"], rows[0]["rank"]) == ("2 open, 1 confirmed", "ada", 0)
+    assert (rows[1]["status"], rows[1]["assignee"]) == ("open", "")
+    assert headlines([_found(1, g, 1, rank=0), _found(2, g, 1, rank=1)])[0]["rank"] is None  # differing: empty
+
+
+def test_headlines_sort_severity_by_rank_not_alphabetically():
+    from dashboards.pages.findings import headlines, sort_rows
+
+    rows = headlines([_found(1, "", 9, "info"), _found(2, "", 1, "critical"), _found(3, "", 5, "warning")])
+    assert [r["severity"] for r in rows] == ["critical", "warning", "info"]  # worst first before any sort
+    by = lambda direction: [r["severity"] for r in sort_rows(rows, [{"column_id": "severity", "direction": direction}])]  # noqa: E731
+    assert by("desc") == ["critical", "warning", "info"] and by("asc") == ["info", "warning", "critical"]
+    by_impact = sort_rows(rows, [{"column_id": "impact_ms", "direction": "desc"}])
+    assert [r["impact_ms"] for r in by_impact] == [9.0, 5.0, 1.0]
+    mixed = rows + headlines([_found(4, "", 2, rank=None)])
+    assert sort_rows(mixed, [{"column_id": "rank", "direction": "desc"}])[-1]["id"] == "#4"  # empty cells last
+
+
+def test_a_group_lists_its_occurrences_each_linked():
+    from dashboards.pages.findings import occurrences
+
+    g = "comm_compute_slowdown|rank 0|device 0|sgemm|nccl"
+    listing = occurrences([_found(1, g, 1), _found(2, g, 5), _found(3, g, 2)])
+    heading, table = listing.children
+    assert heading.children == "3 occurrences of comm_compute_slowdown on rank 0, GPU 0, pid 9 · 8.00 ms in all"
+    assert [r["title"].rsplit("(", 1)[1] for r in table.data] == ["/findings/2)", "/findings/3)", "/findings/1)"]
+
+
+def test_one_timeline_marker_per_group_at_its_worst_occurrence():
+    data = _timeline("pipeline-stall")
+    g = "nccl_ordering_stall|rank 2|stream 13"
+    found = [_found(1, g, 1, rank=2), _found(2, g, 5, rank=2), _found(3, g, 2, rank=2), _found(4, "", 3, rank=1)]
+    (markers,) = [t for t in data.figure(None, found).data if t.name == "findings"]
+    assert list(markers.customdata) == [2, 4]
+    assert "worst of 3 occurrences, 8.00 ms in all" in markers.hovertext[0] and "worst" not in markers.hovertext[1]
+
+
 def test_routes_take_ids_only():
     assert route("/traces/12", "") == ("overview", {"trace_id": 12})
     assert route("/findings/3", "") == ("finding", {"finding_id": 3})
@@ -164,6 +225,42 @@ def test_users_come_hashed_from_a_file_or_the_environment(tmp_path):
     assert _safe_next("/traces/1?x=2") == "/traces/1?x=2"
     for bad in ("//evil.example/", "https://x", "/\t/evil.example", "/\n", "/\\evil.example", "evil.example", "/ /x"):
         assert _safe_next(bad) == "/", bad
+
+
+def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
+    """Through Dash's own HTTP endpoint, as the browser calls them: sort the headlines, click one."""
+    from dashboards.app import create_app
+    from nsysan.store.models import FindingRecord
+
+    trace_id = server.store.register(sample_paths("pipeline-stall"))
+    g = "comm_compute_slowdown|rank 0|device 0|sgemm|nccl"
+    found = [_found(1, g, 1, "info"), _found(2, g, 2, "info"), _found(3, g, 3, "info"), _found(4, "", 4, "critical"),
+             _found(5, "", 5, "warning")]  # fmt: skip
+    with server.store.session() as s, s.begin():
+        s.add_all(FindingRecord(**(f | {"trace_id": trace_id})) for f in found)
+    client = create_app(server).server.test_client()
+    filters = [{"id": key, "property": "value", "value": None} for key in FILTERS]
+    trace = {"id": ids.TRACE_ID, "property": "data", "value": trace_id}
+
+    def call(body: dict) -> dict:
+        answer = client.post("/_dash-update-component", json=body, headers={"Host": "127.0.0.1"})
+        assert answer.status_code == 200, answer.data
+        return answer.get_json()["response"]
+
+    sort = {"id": ids.FINDINGS_TABLE, "property": "sort_by", "value": [{"column_id": "severity", "direction": "asc"}]}
+    outputs = ("data", "active_cell", "selected_cells")
+    table = call({"output": ".." + "...".join(f"{ids.FINDINGS_TABLE}.{p}" for p in outputs) + "..",
+                  "outputs": [{"id": ids.FINDINGS_TABLE, "property": p} for p in outputs],
+                  "inputs": [*filters, sort], "state": [trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.sort_by"]})  # fmt: skip
+    rows = table[ids.FINDINGS_TABLE]["data"]
+    assert [(r["severity"], r["count"], r["impact_ms"]) for r in rows] == [("info", 3, 6.0), ("warning", 1, 5.0),
+                                                                          ("critical", 1, 4.0)]  # fmt: skip
+    cell = {"id": ids.FINDINGS_TABLE, "property": "active_cell", "value": {"row": 0, "column": 0, "row_id": rows[0]["id"]}}
+    listing = call({"output": f"{ids.OCCURRENCES}.children", "outputs": {"id": ids.OCCURRENCES, "property": "children"},
+                    "inputs": [cell], "state": [*filters, trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.active_cell"]})  # fmt: skip
+    heading, occurrences = listing[ids.OCCURRENCES]["children"]["props"]["children"]
+    assert heading["props"]["children"].startswith("3 occurrences of comm_compute_slowdown")
+    assert [r["title"].rsplit("(", 1)[1] for r in occurrences["props"]["data"]] == [f"/findings/{i})" for i in (3, 2, 1)]
 
 
 def test_without_login_only_loopback_host_names_are_answered(server):

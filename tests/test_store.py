@@ -2,30 +2,39 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import threading
 
 import pytest
+import sqlalchemy as sa
 
 from fixtures.samples import sample_paths
 from nsysan.errors import InputError
-from nsysan.store import NotFound, ReviewStore, StaleEdit
+from nsysan.store import NotFound, ReviewStore, StaleEdit, store_url
+from nsysan.store.models import SCHEMA_VERSION, Base
+from nsysan.store.store import MIGRATIONS
 from tests.conftest import need
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def store(request, tmp_path):
+def url(request, tmp_path):
+    """An empty database: a fresh SQLite file, or the test PostgreSQL with every store table dropped."""
     if request.param == "sqlite":
-        yield ReviewStore(tmp_path / "review.sqlite")
+        yield store_url(tmp_path / "review.sqlite")
         return
     url = os.environ.get("NSYSAN_TEST_PG_URL")
     need(bool(url), "a PostgreSQL server (NSYSAN_TEST_PG_URL, set by tests/run.sh)")
-    s = ReviewStore(url)
-    from nsysan.store.models import Base
+    engine = sa.create_engine(url)
+    Base.metadata.drop_all(engine)  # a clean schema per test
+    yield url
+    Base.metadata.drop_all(engine)
+    engine.dispose()
 
-    Base.metadata.drop_all(s.engine)  # a clean schema per test
-    yield ReviewStore(url)
-    Base.metadata.drop_all(s.engine)
+
+@pytest.fixture
+def store(url):
+    return ReviewStore(url)
 
 
 def _analysed(store: ReviewStore, sample: str) -> int:
@@ -72,7 +81,7 @@ def test_review_edits_comments_and_notes_persist(store):
 
 def test_two_concurrent_edits_of_one_finding(store):
     trace_id = _analysed(store, "overlap-slowdown")
-    (finding,) = store.findings(trace_id)
+    finding = store.findings(trace_id)[0]  # the largest of the slowdown's episodes
     seen = finding["version"]  # both people loaded the finding at this version
     results: dict[str, object] = {}
     barrier = threading.Barrier(2)
@@ -105,3 +114,122 @@ def test_compare_before_and_after_a_fix(store):
     assert [f["kind"] for f in c.fixed] == ["nccl_ordering_stall"] and c.new == [] and c.unchanged == []
     # the NVTX "step" ranges: 4 ranks x 1 step; the stall cost rank 2 about 5 ms of a ~9 ms step
     assert c.step_ns_after == pytest.approx(3.96e6, rel=0.01) and c.step_ns_before > c.step_ns_after + 4e6
+
+
+def test_findings_keep_their_group(store, monkeypatch):
+    import nsysan.report
+
+    analyse = nsysan.report.analyse
+
+    def grouped(trace, *args, **kwargs):
+        doc = analyse(trace, *args, **kwargs)
+        return doc | {"findings": [f | {"group": f"{f['kind']}|rank {f['rank']}"} for f in doc["findings"]]}
+
+    monkeypatch.setattr(nsysan.report, "analyse", grouped)  # detectors may not emit groups yet
+    trace_id = _analysed(store, "pipeline-stall")
+    (finding,) = store.findings(trace_id)
+    assert finding["group"] == "nccl_ordering_stall|rank 2" and list(finding)[2:4] == ["kind", "group"]
+    assert store.finding(finding["id"])["group"] == "nccl_ordering_stall|rank 2"
+
+
+# The tables as nsysan with store schema 1 created them (SQLAlchemy's DDL for the models of then).
+_SCHEMA_1 = """
+CREATE TABLE nsysan_meta ("key" VARCHAR(64) NOT NULL, value VARCHAR(256) NOT NULL, PRIMARY KEY ("key"));
+CREATE TABLE traces (id {serial} NOT NULL, name VARCHAR(256) NOT NULL, paths JSON NOT NULL, status VARCHAR(16) NOT NULL,
+    error TEXT, ranks JSON NOT NULL, devices JSON NOT NULL, captured_utc_ns BIGINT, summary JSON NOT NULL,
+    registered_at {timestamp} NOT NULL, PRIMARY KEY (id));
+CREATE TABLE findings (id {serial} NOT NULL, trace_id INTEGER NOT NULL, kind VARCHAR(64) NOT NULL,
+    severity VARCHAR(16) NOT NULL, rank INTEGER, device INTEGER, pid INTEGER, start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL, impact_ns BIGINT NOT NULL, title TEXT NOT NULL, evidence JSON NOT NULL, advice TEXT NOT NULL,
+    status VARCHAR(16) NOT NULL, assignee VARCHAR(128), version INTEGER NOT NULL, PRIMARY KEY (id),
+    FOREIGN KEY(trace_id) REFERENCES traces (id) ON DELETE CASCADE);
+CREATE INDEX ix_findings_trace_id ON findings (trace_id);
+CREATE TABLE trace_notes (id {serial} NOT NULL, trace_id INTEGER NOT NULL, author VARCHAR(128) NOT NULL,
+    body TEXT NOT NULL, created_at {timestamp} NOT NULL, PRIMARY KEY (id),
+    FOREIGN KEY(trace_id) REFERENCES traces (id) ON DELETE CASCADE);
+CREATE INDEX ix_trace_notes_trace_id ON trace_notes (trace_id);
+CREATE TABLE comments (id {serial} NOT NULL, finding_id INTEGER NOT NULL, author VARCHAR(128) NOT NULL,
+    body TEXT NOT NULL, created_at {timestamp} NOT NULL, PRIMARY KEY (id),
+    FOREIGN KEY(finding_id) REFERENCES findings (id) ON DELETE CASCADE);
+CREATE INDEX ix_comments_finding_id ON comments (finding_id);
+"""
+_TYPES = {"sqlite": {"serial": "INTEGER", "timestamp": "DATETIME"},
+          "postgresql": {"serial": "SERIAL", "timestamp": "TIMESTAMP WITH TIME ZONE"}}  # fmt: skip
+
+
+def _schema_1_store(url: str) -> None:
+    """A store as the previous nsysan left it: schema 1, one reviewed finding with a comment."""
+    engine = sa.create_engine(url)
+    now = dt.datetime.now(dt.timezone.utc)
+    json = lambda name: sa.column(name, sa.JSON)  # noqa: E731
+    with engine.begin() as c:
+        for ddl in _SCHEMA_1.format(**_TYPES[engine.dialect.name]).split(";"):
+            if ddl.strip():
+                c.exec_driver_sql(ddl)
+        c.execute(sa.table("nsysan_meta", sa.column("key"), sa.column("value")).insert(), [{"key": "schema_version", "value": "1"}])
+        c.execute(sa.table("traces", sa.column("name"), json("paths"), sa.column("status"), json("ranks"), json("devices"),
+                           json("summary"), sa.column("registered_at")).insert(),
+                  [{"name": "old", "paths": ["/x.sqlite"], "status": "ready", "ranks": [0], "devices": [0], "summary": {},
+                    "registered_at": now}])  # fmt: skip
+        c.execute(sa.table("findings", *map(sa.column, ("trace_id", "kind", "severity", "rank", "start_ns", "end_ns",
+                                                        "impact_ns", "title", "advice", "status", "assignee", "version")),
+                           json("evidence")).insert(),
+                  [{"trace_id": 1, "kind": "nccl_ordering_stall", "severity": "critical", "rank": 2, "start_ns": 10,
+                    "end_ns": 20, "impact_ns": 10, "title": "stalled", "advice": "reorder", "status": "confirmed",
+                    "assignee": "ada", "version": 3, "evidence": {"late_rank": 3}}])  # fmt: skip
+        c.execute(sa.table("comments", *map(sa.column, ("finding_id", "author", "body", "created_at"))).insert(),
+                  [{"finding_id": 1, "author": "ada", "body": "seen it", "created_at": now}])
+    engine.dispose()
+
+
+def _state(url: str) -> tuple[str, list[str]]:
+    """The recorded schema version and the findings table's columns."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            version = c.execute(sa.text("SELECT value FROM nsysan_meta")).scalar_one()
+        return version, [col["name"] for col in sa.inspect(engine).get_columns("findings")]
+    finally:
+        engine.dispose()
+
+
+def test_a_schema_1_store_gains_finding_groups_and_keeps_its_review(url):
+    _schema_1_store(url)
+    s = ReviewStore(url)
+    version, columns = _state(url)
+    assert version == str(SCHEMA_VERSION) == "2" and "group" in columns
+    (old,) = s.findings(1)
+    assert old["group"] == "" and (old["status"], old["assignee"], old["version"]) == ("confirmed", "ada", 3)
+    assert [c["body"] for c in s.finding(old["id"])["comments"]] == ["seen it"]
+    assert s.update_finding(old["id"], based_on_version=3, status="fixed") == 4
+    trace_id = _analysed(s, "pipeline-stall")  # FindingRecord(**finding) with the new key, on the migrated table
+    assert [f["kind"] for f in s.findings(trace_id)] == ["nccl_ordering_stall"]
+    ReviewStore(url)  # opening it again: nothing left to do
+    assert _state(url) == (version, columns)
+
+
+def test_a_failed_migration_leaves_the_store_as_it_was(url, monkeypatch):
+    _schema_1_store(url)
+    add_group = MIGRATIONS[1]
+
+    def fails_after_the_ddl(conn: sa.Connection) -> None:
+        add_group(conn)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setitem(MIGRATIONS, 1, fails_after_the_ddl)
+    with pytest.raises(RuntimeError, match="disk full"):
+        ReviewStore(url)
+    version, columns = _state(url)
+    assert version == "1" and "group" not in columns  # version bump and ALTER TABLE rolled back together
+    monkeypatch.setitem(MIGRATIONS, 1, add_group)
+    assert ReviewStore(url).findings(1)[0]["group"] == ""
+
+
+def test_a_store_from_a_newer_nsysan_is_refused(url):
+    ReviewStore(url)
+    engine = sa.create_engine(url)
+    with engine.begin() as c:
+        c.execute(sa.text("UPDATE nsysan_meta SET value = :v"), {"v": str(SCHEMA_VERSION + 1)})
+    engine.dispose()
+    with pytest.raises(InputError, match="newer than this nsysan"):
+        ReviewStore(url)

@@ -1,7 +1,12 @@
-"""A trace's findings: filter by kind, severity, status and rank; sort by any column."""
+"""A trace's findings, one row per problem: findings that share a group key (episodes of one
+problem) fold into one headline with their count, total impact and worst occurrence; clicking a
+headline lists its occurrences. Filter by kind, severity, status and rank; sort by any column
+(severity by rank, critical first, not alphabetically)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import dash
@@ -9,8 +14,10 @@ from dash import Input, Output, State, dash_table, dcc, html
 
 from dashboards import ids
 from dashboards.app import Server
-from dashboards.pages.common import missing
+from dashboards.pages.common import duration, missing, where
 from nsysan.detect import registered
+from nsysan.findings import Severity
+from nsysan.report.document import fold_groups
 from nsysan.store import FINDING_STATUSES, NotFound
 
 FILTERS = {ids.FILTER_KIND: "kind", ids.FILTER_SEVERITY: "severity", ids.FILTER_STATUS: "status", ids.FILTER_RANK: "rank"}
@@ -19,11 +26,34 @@ COLUMNS = [
     {"id": "kind", "name": "kind"},
     {"id": "rank", "name": "rank", "type": "numeric"},
     {"id": "device", "name": "GPU", "type": "numeric"},
+    {"id": "count", "name": "occurrences", "type": "numeric"},
+    {"id": "impact_ms", "name": "total impact (ms)", "type": "numeric"},
+    {"id": "worst_ms", "name": "worst (ms)", "type": "numeric"},
+    {"id": "status", "name": "status"},
+    {"id": "assignee", "name": "assignee"},
+    {"id": "title", "name": "worst occurrence", "presentation": "markdown"},
+]
+OCCURRENCE_COLUMNS = [
     {"id": "impact_ms", "name": "impact (ms)", "type": "numeric"},
+    {"id": "rank", "name": "rank", "type": "numeric"},
+    {"id": "device", "name": "GPU", "type": "numeric"},
+    {"id": "start_ms", "name": "start (ms, export clock)", "type": "numeric"},
+    {"id": "window_ms", "name": "window (ms)", "type": "numeric"},
     {"id": "status", "name": "status"},
     {"id": "assignee", "name": "assignee"},
     {"id": "title", "name": "finding", "presentation": "markdown"},
 ]
+_SEVERITY_RANK = {s.value: s.rank for s in Severity}
+# the custom sort's keys where a cell's text does not sort right: severity by rank, the title link by its text
+_SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "severity": lambda row: _SEVERITY_RANK.get(row["severity"], -1),
+    "title": lambda row: row["worst_title"].lower(),
+}
+_TABLE_STYLE: dict[str, Any] = {
+    "markdown_options": {"link_target": "_self"}, "style_table": {"overflowX": "auto"},
+    "style_cell": {"textAlign": "left", "whiteSpace": "normal", "height": "auto", "fontFamily": "inherit"},
+}  # fmt: skip
+_PICK = "Click a row to list its occurrences, each linked to its finding."
 
 
 def layout(server: Server, trace_id: int) -> html.Div:
@@ -45,30 +75,117 @@ def layout(server: Server, trace_id: int) -> html.Div:
             dcc.Dropdown(id=key, options=options[key], placeholder=f"any {name}", clearable=True, className="filter")
             for key, name in FILTERS.items()
         ]),
+        html.P("One row per problem: findings that are episodes of one problem are folded together, with how many "
+               "there are (of those the filters keep), their total impact and the worst one.", className="hint"),
         dash_table.DataTable(
-            id=ids.FINDINGS_TABLE, columns=COLUMNS, data=_rows(rows), sort_action="native", sort_by=[],
-            page_size=50, markdown_options={"link_target": "_self"}, style_cell={"textAlign": "left", "whiteSpace": "normal", "height": "auto", "fontFamily": "inherit"},
-            style_table={"overflowX": "auto"},
-            style_data_conditional=[{"if": {"filter_query": f'{{severity}} = "{s}"', "column_id": "severity"},
-                                     "color": c, "fontWeight": "bold"}
-                                    for s, c in (("critical", "#b00"), ("warning", "#a66b00"))],
+            id=ids.FINDINGS_TABLE, columns=COLUMNS, data=headlines(rows), sort_action="custom", sort_by=[],
+            page_size=50, style_data_conditional=[
+                {"if": {"filter_query": f'{{severity}} = "{s}"', "column_id": "severity"}, "color": c, "fontWeight": "bold"}
+                for s, c in (("critical", "#b00"), ("warning", "#a66b00"))],
+            **_TABLE_STYLE,
         ),
+        html.Div(html.P(_PICK, className="hint"), id=ids.OCCURRENCES),
     ])  # fmt: skip
 
 
 def register(app: dash.Dash, server: Server) -> None:
-    @app.callback(Output(ids.FINDINGS_TABLE, "data"), *(Input(key, "value") for key in FILTERS),
-                  State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
-    def _filter(kind: str | None, severity: str | None, status: str | None, rank: int | None, trace_id: int) -> Any:
-        rows = server.store.findings(trace_id, kind=kind, severity=severity, rank=rank)
-        return _rows([f for f in rows if status is None or f["status"] == status])
+    @app.callback(Output(ids.FINDINGS_TABLE, "data"), Output(ids.FINDINGS_TABLE, "active_cell"),
+                  Output(ids.FINDINGS_TABLE, "selected_cells"), *(Input(key, "value") for key in FILTERS),
+                  Input(ids.FINDINGS_TABLE, "sort_by"), State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
+    def _filter(kind: str | None, severity: str | None, status: str | None, rank: int | None,
+                sort_by: list[dict[str, str]] | None, trace_id: int) -> Any:  # fmt: skip
+        found = _filtered(server, trace_id, kind, severity, status, rank)
+        return sort_rows(headlines(found), sort_by or []), None, []  # rows moved: the clicked group's listing goes
+
+    @app.callback(Output(ids.OCCURRENCES, "children"), Input(ids.FINDINGS_TABLE, "active_cell"),
+                  *(State(key, "value") for key in FILTERS), State(ids.TRACE_ID, "data"),
+                  prevent_initial_call=True)  # fmt: skip
+    def _occurrences(cell: dict[str, Any] | None, kind: str | None, severity: str | None, status: str | None,
+                     rank: int | None, trace_id: int) -> Any:  # fmt: skip
+        key = (cell or {}).get("row_id")
+        members = [f for f in _filtered(server, trace_id, kind, severity, status, rank) if group_id(f) == key]
+        if not members:
+            return html.P(_PICK, className="hint")
+        return occurrences(members)
 
 
-def _rows(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"severity": f["severity"], "kind": f["kind"], "rank": f["rank"], "device": f["device"],
-             "impact_ms": round(f["impact_ns"] / 1e6, 3), "status": f["status"], "assignee": f["assignee"] or "",
-             "title": f"[{_escape(f['title'])}](/findings/{f['id']})", "id": f["id"]}
-            for f in findings]  # fmt: skip
+def _filtered(server: Server, trace_id: int, kind: str | None, severity: str | None, status: str | None,
+              rank: int | None) -> list[dict[str, Any]]:  # fmt: skip
+    found = server.store.findings(trace_id, kind=kind, severity=severity, rank=rank)
+    return [f for f in found if status is None or f["status"] == status]
+
+
+def group_id(f: dict[str, Any]) -> str:
+    """A headline's row id: the group key, or for a finding without one (a group of its own) its id."""
+    return f.get("group") or f"#{f['id']}"
+
+
+def headlines(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per group (folded as the report folds them), worst first: severity, then total impact."""
+    rows = []
+    for g in fold_groups(findings):
+        members = [findings[i] for i in g["findings"]]
+        worst = findings[g["worst"]]
+        rows.append({
+            "id": group_id(worst), "severity": g["severity"], "kind": g["kind"],
+            "rank": _common(m["rank"] for m in members), "device": _common(m["device"] for m in members),
+            "count": g["count"], "impact_ms": _ms(g["impact_ns"]), "worst_ms": _ms(worst["impact_ns"]),
+            "status": _statuses(members), "assignee": ", ".join(sorted({m["assignee"] for m in members if m["assignee"]})),
+            "title": _link(worst), "worst_title": worst["title"], "worst_id": worst["id"],
+        })  # fmt: skip
+    return rows
+
+
+def sort_rows(rows: list[dict[str, Any]], sort_by: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The table's sort (``sort_by`` as DataTable gives it), done here so severity sorts by rank;
+    empty cells go last either way."""
+    for spec in reversed(sort_by):  # stable sorts, least significant first
+        column = spec["column_id"]
+        key = _SORT_KEYS.get(column, lambda row, c=column: row[c].lower() if isinstance(row[c], str) else row[c])
+        present = [r for r in rows if r.get(column) not in (None, "")]
+        present.sort(key=key, reverse=spec.get("direction") == "desc")
+        rows = present + [r for r in rows if r.get(column) in (None, "")]
+    return rows
+
+
+def occurrences(members: list[dict[str, Any]]) -> html.Div:
+    """A group's occurrences, largest impact first, each linked to its finding."""
+    shared = {k: _common(m[k] for m in members) for k in ("rank", "device", "pid")}
+    place = f" on {where(shared)}" if any(v is not None for v in shared.values()) else ""
+    total = sum(m["impact_ns"] for m in members)
+    rows = [{"impact_ms": _ms(m["impact_ns"]), "rank": m["rank"], "device": m["device"], "start_ms": _ms(m["start_ns"]),
+             "window_ms": _ms(m["end_ns"] - m["start_ns"]), "status": m["status"], "assignee": m["assignee"] or "",
+             "title": _link(m), "id": m["id"]}
+            for m in sorted(members, key=lambda m: (-m["impact_ns"], m["id"]))]  # fmt: skip
+    return html.Div([
+        html.H2(f"{len(members)} occurrence{'s' if len(members) != 1 else ''} of {members[0]['kind']}{place} "
+                f"· {duration(total)} in all"),
+        dash_table.DataTable(id=ids.OCCURRENCES_TABLE, columns=OCCURRENCE_COLUMNS, data=rows, sort_action="native",
+                             page_size=50, **_TABLE_STYLE),
+    ])  # fmt: skip
+
+
+def _common(values: Any) -> Any:
+    """The value all occurrences share, or None (an empty cell) where they differ."""
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else None
+
+
+def _statuses(members: list[dict[str, Any]]) -> str:
+    """The review status of a group: its occurrences' one status, or how many have each."""
+    counts = Counter(m["status"] for m in members)
+    if len(counts) == 1:
+        return next(iter(counts))
+    order = {s: i for i, s in enumerate(FINDING_STATUSES)}
+    return ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=lambda s: order.get(s, len(order))))
+
+
+def _ms(ns: int) -> float:
+    return round(ns / 1e6, 3)
+
+
+def _link(f: dict[str, Any]) -> str:
+    return f"[{_escape(f['title'])}](/findings/{f['id']})"
 
 
 def _escape(text: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: findings.group
 FINDING_STATUSES = ("open", "confirmed", "false positive", "fixed")
 
 
@@ -49,6 +49,8 @@ class FindingRecord(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     trace_id: Mapped[int] = mapped_column(sa.ForeignKey("traces.id", ondelete="CASCADE"), index=True)
     kind: Mapped[str] = mapped_column(sa.String(64))
+    # findings that are one problem share it ("" = a group of one); server_default lets a migration add it to filled tables
+    group: Mapped[str] = mapped_column(sa.Text, default="", server_default="")
     severity: Mapped[str] = mapped_column(sa.String(16))
     rank: Mapped[int | None] = mapped_column(default=None)
     device: Mapped[int | None] = mapped_column(default=None)

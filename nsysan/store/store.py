@@ -10,7 +10,7 @@ goes through SQLAlchemy with bound parameters.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,14 +64,28 @@ class ReviewStore:
         self._migrate()
 
     def _migrate(self) -> None:
-        """Create missing tables and record the schema version (the first migration there is)."""
+        """Create missing tables, then bring a store written by an older nsysan up to
+        SCHEMA_VERSION one step at a time (:data:`MIGRATIONS`), refusing one from a newer nsysan."""
         Base.metadata.create_all(self.engine)
         with self._session.begin() as s:
             row = s.get(Meta, "schema_version")
             if row is None:
                 s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-            elif int(row.value) > SCHEMA_VERSION:
-                raise InputError(f"{self.url}: store schema {row.value} is newer than this nsysan ({SCHEMA_VERSION})")
+                return
+            version = int(row.value)
+        if version > SCHEMA_VERSION:
+            raise InputError(f"{self.url}: store schema {version} is newer than this nsysan ({SCHEMA_VERSION})")
+        for step in range(version, SCHEMA_VERSION):
+            with self.engine.begin() as conn:
+                # Bump the version first, as a compare-and-set: of two servers starting on one old store,
+                # one migrates and the other waits on its lock, then finds nothing to do. Being the first
+                # statement it also opens the transaction on SQLite (pysqlite begins one only before DML),
+                # so the DDL after it commits or rolls back with it.
+                bumped = conn.execute(
+                    sa.update(Meta).where(Meta.key == "schema_version", Meta.value == str(step)).values(value=str(step + 1))
+                )
+                if bumped.rowcount == 1:
+                    MIGRATIONS[step](conn)
 
     def session(self) -> Session:
         return self._session()
@@ -249,6 +263,18 @@ class ReviewStore:
         )
 
 
+def _add_column(conn: sa.Connection, column: sa.Column[Any]) -> None:
+    """``ALTER TABLE ... ADD COLUMN`` for a column of the current models, in the connection's dialect."""
+    table = conn.dialect.identifier_preparer.format_table(column.table)
+    conn.execute(sa.DDL(f"ALTER TABLE {table} ADD COLUMN {sa.schema.CreateColumn(column).compile(dialect=conn.dialect)}"))
+
+
+MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {
+    1: lambda conn: _add_column(conn, Base.metadata.tables["findings"].c["group"]),
+}
+"""Schema version -> the step that brings a store from it to the next, run in one transaction."""
+
+
 def _step_ns(summary: dict[str, Any]) -> float | None:
     """Mean duration of NVTX ranges called ``step ...``, the job's step time, when it has them."""
     rows = [r for r in summary.get("nvtx_ranges", []) if str(r.get("range", "")).lower().startswith("step")]
@@ -257,7 +283,7 @@ def _step_ns(summary: dict[str, Any]) -> float | None:
 
 
 def _finding(f: FindingRecord) -> dict[str, Any]:
-    return {c: getattr(f, c) for c in ("id", "trace_id", "kind", "severity", "rank", "device", "pid", "start_ns", "end_ns",
+    return {c: getattr(f, c) for c in ("id", "trace_id", "kind", "group", "severity", "rank", "device", "pid", "start_ns", "end_ns",
                                         "impact_ns", "title", "evidence", "advice", "status", "assignee", "version")}  # fmt: skip
 
 
