@@ -1,26 +1,32 @@
-"""nccl_ordering_stall: an NCCL op that was ready but waited behind an earlier op stuck on a late peer.
+"""nccl_ordering_stall: an NCCL op that was ready, and whose peers were ready, but waited behind an
+earlier op of the same stream or communicator that was waiting for a late rank.
 
-NCCL runs the operations of one stream in order. If op A waits for a late peer, op B queued behind
-it waits too, even when B's own peers are ready: head-of-line blocking, the cost of NCCL's total
-order (pipeline sends to two stages, or two communicators sharing a stream).
+NCCL runs the operations of a stream in order, and the operations of one communicator in order even
+across streams. If op A waits for a late peer L, op B queued behind it waits too, although B's
+input and B's own peers were ready: head-of-line blocking (pipeline sends to two stages on one
+stream, or two communicators sharing a stream). Everything here is measured on the device:
 
-Algorithm:
+1. **Readiness** of B: when its input was ready on the GPU (:mod:`nsysan.detect.readiness`: the
+   event its stream waited on, recorded after the producing work), and not before its launch call
+   returned. Without event rows in the capture, the launch return alone, and the finding says so.
+2. **Participants** of each op (:mod:`nsysan.detect.nccl_participants`): from NCCL's payloads
+   (communicator, sequence, peer) where the export has them, else from program position: never
+   "some op on another rank ended at about the same time".
+3. **A**: the op before B on the same stream, or on the same communicator when it is known; B is
+   queued behind A when B started within ``queue_tolerance_ns`` of A's end.
+4. A **waited for L**: A's latest-starting participant (rank L) started at least ``min_wait_ns`` after A.
+5. **Impact** = B.start - max(B's readiness, the latest start of B's own participants): if B's
+   peers arrived late themselves, the order cost nothing. B is a stall when the impact is at least
+   ``min_stall_ns`` and B was ready at least that long before A ended. Window: from that max to
+   B.start, tight around the lost time.
+6. **Cascades**: when L's op was itself stalled, B is one more link of L's episode, not a new
+   finding: the episode is reported once, at its first stall, blaming the root rank
+   (``evidence.late_rank``), with every link in ``evidence.cascade``.
 
-1. NCCL kernels of every rank on one clock (each export's session start aligns per-rank files).
-2. Matching across ranks by completion: the participants of one operation (all members of a
-   collective, or sender and receiver) finish it within ``match_tolerance_ns`` (or
-   ``match_tolerance_share`` of its duration) of each other. Among another rank's NCCL kernels that
-   overlap op A and end with it, the one that started last is A's *late peer*; A waited
-   ``late start - A start`` for it.
-3. B, the op after A on the same stream, is *ready* when its launch call returned. B is stalled by
-   ordering when it started as A ended, was ready at least ``min_stall_ns`` before A ended, A waited
-   at least ``min_wait_ns`` for its late peer, and that peer is not one of B's own participants
-   (if B needed the late rank too, nothing was lost to the order).
-4. Impact = A's end - max(B ready, A start); blame = A's late peer.
-
-Blind spots: unrelated concurrent NCCL ops that end within the tolerance can be taken as
-participants; readiness is the launch call's return (an input produced later on another stream is
-not seen).
+Group: (rank, stream, late rank), so the same late peer stalling the same stream every step is one
+headline. Blind spots: without payloads and without NVTX step ranges, participants rest on one
+agreement at the same program position; an op whose participants cannot be matched is never
+reported (precision first); readiness cannot see host-side dependencies that are not CUDA events.
 """
 
 from __future__ import annotations
@@ -30,148 +36,218 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from nsysan.detect.common import SeverityParams, run_ns, severity, share_text
+from nsysan.detect import nccl_participants
+from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
+from nsysan.detect.readiness import device_ready
 from nsysan.detect.registry import param, register
-from nsysan.findings import Finding
+from nsysan.findings import Finding, Severity
 from nsysan.ingest.trace import Trace
 
 KIND = "nccl_ordering_stall"
 _COLUMNS = ("pid", "device", "stream", "correlation_id", "start_ns", "end_ns", "short_name")
+_MAX_CASCADE = 32
 
 
 @dataclass(frozen=True)
 class Params(SeverityParams):
-    min_stall_ns: int = param(50_000, "B must have been ready at least this long before A ended")
+    min_stall_ns: int = param(50_000, "B must lose at least this much, and be ready this long before A ended")
     min_wait_ns: int = param(50_000, "A must have waited at least this long for its late peer")
     match_tolerance_ns: int = param(20_000, "participants of one NCCL op end within this of each other ...")
     match_tolerance_share: float = param(0.02, "... or within this share of the op's duration")
+    min_iterations: int = param(2, "iterations whose ends must all agree to infer participants without payloads")
     queue_tolerance_ns: int = param(20_000, "B counts as queued behind A if it started within this after A ended")
     max_candidates: int = param(64, "nearest NCCL ops (by end time) examined as participants of each op (at least 2 x ranks)")
 
 
-class _Neighbours:
-    """NCCL ops in end-time order, compared with their neighbours: a bounded number of vectorised
-    passes (``max_candidates`` each way), never a loop over ops."""
+def _ops(trace: Trace) -> pd.DataFrame:
+    """NCCL kernels of known rank and device, with job-clock times, launch call and iteration."""
+    k = trace.kernel_columns(_COLUMNS)
+    ops = k[k["nccl_kind"].notna() & k["rank"].notna() & k["device"].notna()].reset_index(drop=True)
+    offset = ops["export"].map(trace.job_clock()).astype("int64")
+    ops = ops.assign(rank=ops["rank"].astype("int64"), offset=offset, a_start=ops["start_ns"] + offset,
+                     a_end=ops["end_ns"] + offset, p2p=ops["nccl_kind"].astype(object).eq("p2p"))  # fmt: skip
+    calls = trace.launch_calls(ops)[["export", "pid", "correlation_id", "start_ns", "end_ns", "tid"]]
+    calls = calls.drop_duplicates(["export", "pid", "correlation_id"]).rename(
+        columns={"start_ns": "launch_ns", "end_ns": "launched_ns"})
+    ops = ops.merge(calls, on=["export", "pid", "correlation_id"], how="left")
+    ops["iteration"] = nccl_participants.iterations(trace, ops)
+    ready = device_ready(trace, ops)
+    device = ready["device_ready_ns"]
+    ops["ready"] = np.fmax(ops["launched_ns"].astype("float64"), device.astype("float64")) + offset
+    ops["ready_from"] = np.where(device.notna(), "device", np.where(ready["events_known"], "launch", "launch_only"))
+    comm = _communicators(trace, ops)
+    return ops.join(comm)
 
-    def __init__(self, ops: pd.DataFrame, p: Params) -> None:
-        self.order = np.argsort(ops["a_end"].to_numpy(), kind="stable")
-        self.end = ops["a_end"].to_numpy()[self.order]
-        self.start = ops["a_start"].to_numpy()[self.order]
-        self.rank = ops["rank"].to_numpy()[self.order]
-        self.tol = np.maximum(p.match_tolerance_ns, p.match_tolerance_share * (self.end - self.start))
-        self.back = np.empty(len(self.order), dtype=np.int64)
-        self.back[self.order] = np.arange(len(self.order))
-        # a collective's participants can sit up to (ranks - 1) places apart in end order
-        reach = max(p.max_candidates, 2 * len(np.unique(self.rank)))
-        self.shifts = range(1, min(reach, len(self.order) - 1) + 1)
 
-    def _matches(self):  # yields (partner index, match mask) per pass
-        n = len(self.order)
-        for shift in self.shifts:
-            for sign in (1, -1):
-                idx = np.arange(n) + sign * shift
-                other = np.clip(idx, 0, n - 1)
-                e, s = self.end, self.start
-                yield other, ((idx >= 0) & (idx < n) & (np.abs(e[other] - e) <= self.tol)
-                              & (self.rank[other] != self.rank) & (s[other] < e) & (s < e[other]))  # fmt: skip
+def _communicators(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
+    """comm_id, comm_rank and peer per op from NCCL's NVTX payloads (NA where the export has none)."""
+    out = pd.DataFrame(index=ops.index, data={"comm_id": pd.NA, "comm_rank": pd.NA, "peer": pd.NA}, dtype="Int64")
+    calls = getattr(trace, "nccl_calls", None)
+    if calls is None or calls.empty or "comm_id" not in calls or calls["comm_id"].isna().all():
+        return out
+    c = calls.dropna(subset=["comm_id"])[["export", "pid", "tid", "rank", "start_ns", "end_ns", "comm_id", "comm_rank",
+                                          "peer"]].copy()  # fmt: skip
+    # A process's rank in a communicator: from its calls that carry it (ncclCommInitRank), else its
+    # position among the communicator's members by global rank, as torch.distributed.new_group numbers them.
+    c["comm_rank"] = c.groupby(["export", "pid", "comm_id"])["comm_rank"].transform("first")
+    members = c.dropna(subset=["rank"]).drop_duplicates(["comm_id", "rank"]).sort_values("rank")
+    position = members.assign(pos=members.groupby("comm_id").cumcount()).set_index(["comm_id", "rank"])["pos"]
+    guess = c[["comm_id", "rank"]].merge(position.reset_index(), on=["comm_id", "rank"], how="left")["pos"]
+    c["comm_rank"] = c["comm_rank"].fillna(pd.Series(guess.to_numpy(), index=c.index, dtype="Int64"))
+    c = c.drop(columns="rank")
+    c = c.sort_values("start_ns").rename(columns={"start_ns": "c_start", "end_ns": "c_end"})
+    q = ops[["export", "pid", "tid", "launch_ns"]].dropna().astype("int64").reset_index().sort_values("launch_ns")
+    hit = pd.merge_asof(q, c.astype({"export": "int64", "pid": "int64", "tid": "int64"}), left_on="launch_ns",
+                        right_on="c_start", by=["export", "pid", "tid"], direction="backward")  # fmt: skip
+    hit = hit[hit["c_end"].notna() & (hit["launch_ns"] <= hit["c_end"])]
+    # communicator hashes use all 64 bits: number them instead of keeping them
+    hit["comm_id"] = pd.factorize(hit["comm_id"])[0]
+    for column in ("comm_id", "comm_rank", "peer"):
+        out.loc[hit["index"].to_numpy(), column] = pd.array(hit[column], dtype="Int64")
+    return out
 
-    def late_peer(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per op (input order): the rank of the participant that started last (-1: none), its start."""
-        late_rank = np.full(len(self.order), -1, dtype=np.int64)
-        late_start = self.start.copy()
-        for other, match in self._matches():
-            later = match & (self.start[other] > late_start)
-            late_start = np.where(later, self.start[other], late_start)
-            late_rank = np.where(later, self.rank[other], late_rank)
-        return late_rank[self.back], late_start[self.back]
 
-    def has_participant(self, ranks: np.ndarray) -> np.ndarray:
-        """Per op (input order): whether rank ``ranks[i]`` took part in op i."""
-        target = ranks[self.order]
-        found = np.zeros(len(self.order), dtype=bool)
-        for other, match in self._matches():
-            found |= match & (self.rank[other] == target)
-        return found[self.back]
+def _participants(ops: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, str]:
+    """Participant edges (i, j) and the method: payloads for ops that have them, position for the rest."""
+    with_comm = ops["comm_id"].notna()
+    reach = max(int(p.max_candidates), 2 * ops["rank"].nunique())
+    parts, methods = [], []
+    if with_comm.any():
+        parts.append(nccl_participants.by_communicator(ops[with_comm]))
+        methods.append("NCCL communicator payloads")
+    if (~with_comm).any():
+        parts.append(nccl_participants.by_position(ops[~with_comm], p.match_tolerance_ns, p.match_tolerance_share,
+                                                   int(p.min_iterations), reach))  # fmt: skip
+        methods.append("program position (kernels ending together in every iteration)")
+    return pd.concat(parts, ignore_index=True), " and ".join(methods)
 
-    def participants(self, i: int) -> list[int]:
-        """The ranks matched with op ``i`` (input order): for the evidence of a few findings."""
-        j = self.back[i]
-        near = np.abs(self.end - self.end[j]) <= self.tol[j]
-        overlap = (self.start < self.end[j]) & (self.start[j] < self.end)
-        return sorted(int(r) for r in set(self.rank[near & overlap]))
+
+def _latest_peer(ops: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
+    """Per op: its participant that started last (op index, start, rank) and the participants' ranks."""
+    e = edges.assign(j_start=ops["a_start"].to_numpy()[edges["j"].to_numpy()])
+    e = e.sort_values(["i", "j_start"], kind="stable")
+    last = e.groupby("i").tail(1).set_index("i")
+    out = pd.DataFrame(index=ops.index)
+    out["late_op"] = last["j"].reindex(ops.index).fillna(-1).astype("int64")
+    out["late_start"] = last["j_start"].reindex(ops.index)
+    out["late_rank"] = np.where(out["late_op"] >= 0, ops["rank"].to_numpy()[out["late_op"].clip(lower=0)], -1)
+    return out
+
+
+def _predecessor(ops: pd.DataFrame) -> pd.Series:
+    """Per op, the index of the op it was queued behind: the previous op of its stream, or of its
+    communicator when that ended later (-1: none)."""
+    prev = pd.Series(-1, index=ops.index, dtype="int64")
+    idx = pd.Series(ops.index, index=ops.index)
+    for keys in (["export", "pid", "device", "stream"], ["export", "pid", "comm_id"]):
+        known = ops.dropna(subset=keys[-1:])
+        if known.empty:
+            continue
+        order = known.sort_values([*keys, "start_ns"], kind="stable")
+        before = idx.loc[order.index].groupby([order[k] for k in keys], sort=False).shift(1).dropna().astype("int64")
+        better = ops["end_ns"].to_numpy()[before.to_numpy()] > np.where(
+            prev.loc[before.index] >= 0, ops["end_ns"].to_numpy()[prev.loc[before.index].clip(lower=0)], -np.inf)
+        prev.loc[before.index[better]] = before[better].to_numpy()
+    return prev
+
+
+def stalls(ops: pd.DataFrame, edges: pd.DataFrame, p: Params) -> pd.DataFrame:
+    """Per op (as B): its predecessor A, what A waited for, B's lost time, and whether B is a stall,
+    the first of its episode (``parent`` -1) or a link of another stall's episode (``parent``, ``root``)."""
+    peer = _latest_peer(ops, edges)
+    a = _predecessor(ops).to_numpy()
+    has_a = a >= 0
+    ai = np.where(has_a, a, 0)
+    a_end = ops["a_end"].to_numpy()[ai]
+    a_wait = peer["late_start"].to_numpy()[ai] - ops["a_start"].to_numpy()[ai]
+    queued = np.abs(ops["start_ns"].to_numpy() - ops["end_ns"].to_numpy()[ai]) <= p.queue_tolerance_ns
+    b_peers_ready = peer["late_start"].to_numpy()  # NaN: B's participants unknown, never reported
+    free_at = np.fmax(ops["ready"].to_numpy(), b_peers_ready)
+    impact = ops["a_start"].to_numpy() - free_at
+    hit = (has_a & queued & (a_wait >= p.min_wait_ns) & (a_end - ops["ready"].to_numpy() >= p.min_stall_ns)
+           & ~np.isnan(b_peers_ready) & (impact >= p.min_stall_ns))  # fmt: skip
+    # cascades: B whose A's late op was itself stalled belongs to that op's episode
+    late_of_a = np.where(has_a, peer["late_op"].to_numpy()[ai], -1)
+    parent = np.where(hit & (late_of_a >= 0) & hit[np.maximum(late_of_a, 0)], late_of_a, -1)
+    root = np.where(parent >= 0, parent, np.arange(len(ops)))
+    for _ in range(_MAX_CASCADE):
+        up = parent[root]
+        if not (up >= 0).any():
+            break
+        root = np.where(up >= 0, up, root)
+    return pd.DataFrame({"a": np.where(has_a, a, -1), "a_wait": a_wait, "late_rank_of_a": peer["late_rank"].to_numpy()[ai],
+                         "free_at": free_at, "impact": impact, "hit": hit, "parent": parent, "root": root},
+                        index=ops.index)  # fmt: skip
 
 
 @register(KIND, Params)
 def detect(trace: Trace, p: Params) -> list[Finding]:
-    """NCCL ops that were ready but queued behind an op waiting for a late peer (head-of-line blocking)."""
-    k = trace.kernel_columns(_COLUMNS)
-    ops = k[k["nccl_kind"].notna() & k["rank"].notna() & k["device"].notna()].copy()
+    """NCCL ops that were ready, with ready peers, but queued behind an op waiting for a late rank."""
+    ops = _ops(trace)
     if ops["rank"].nunique() < 2:
         return []
-    offset = trace.job_clock()
-    ops["a_start"] = ops["start_ns"] + ops["export"].map(offset)
-    ops["a_end"] = ops["end_ns"] + ops["export"].map(offset)
-    calls = trace.launch_calls(ops)[["export", "pid", "correlation_id", "end_ns"]].rename(columns={"end_ns": "ready_ns"})
-    ops = ops.reset_index(drop=True).merge(calls.drop_duplicates(["export", "pid", "correlation_id"]),
-                                            on=["export", "pid", "correlation_id"], how="left")  # fmt: skip
-    ops["rank"] = ops["rank"].astype("int64")
-    neighbours = _Neighbours(ops, p)
-    late_rank, late_start = neighbours.late_peer()
-    ops["late_rank"] = late_rank
-    ops["wait_ns"] = np.where(late_rank >= 0, late_start - ops["a_start"].to_numpy(), 0)
-
-    # A = the op before B on the same stream of the same process
-    stream = [ops[c] for c in ("export", "pid", "device", "stream")]
-    order = ops.sort_values(["export", "pid", "device", "stream", "start_ns"], kind="stable").index
-    prev = ops.loc[order].groupby([c.loc[order] for c in stream], sort=False).shift(1).reindex(ops.index)
-    prev_late = prev["late_rank"].fillna(-1).astype("int64").to_numpy()
-    late_needed_by_b = neighbours.has_participant(prev_late)
-    queued = (ops["start_ns"] - prev["end_ns"]).between(-p.queue_tolerance_ns, p.queue_tolerance_ns)
-    ready = ops["ready_ns"].astype("float64")  # NaN where the launch call is not in the trace
-    stall_ns = prev["end_ns"].astype("float64") - np.maximum(ready, prev["start_ns"].astype("float64"))
-    hit = (queued & ready.notna() & (stall_ns >= p.min_stall_ns) & (prev["wait_ns"] >= p.min_wait_ns)
-           & (prev_late >= 0) & ~late_needed_by_b)  # fmt: skip
+    edges, method = _participants(ops, p)
+    st = stalls(ops, edges, p)
+    hit, parent, root = st["hit"].to_numpy(), st["parent"].to_numpy(), st["root"].to_numpy()
+    impact, free_at, a_wait = st["impact"].to_numpy(), st["free_at"].to_numpy(), st["a_wait"].to_numpy()
+    ai = np.maximum(st["a"].to_numpy(), 0)
 
     runs = run_ns(trace)
-    findings = []
-    for i in np.flatnonzero(hit.to_numpy()):
-        b, a = ops.iloc[i], prev.iloc[i]
-        impact = int(stall_ns.iloc[i])
+    heads = np.flatnonzero(hit & (parent < 0))
+    links = pd.DataFrame({"op": np.flatnonzero(hit & (parent >= 0))})
+    links["root"] = root[links["op"].to_numpy()]
+    chain_of = {int(r): g["op"].tolist() for r, g in links.groupby("root")}  # one entry per episode
+    graded = []
+    for i in heads:  # one iteration per reported episode
+        b, prev = ops.iloc[i], ops.iloc[ai[i]]
+        late = int(st["late_rank_of_a"].iat[i])
+        lost = int(impact[i])
+        off = int(b["offset"])
+        participants = sorted({int(r) for r in ops["rank"].to_numpy()[edges.loc[edges["i"] == i, "j"].to_numpy()]})
+        cascade = [{"rank": int(ops["rank"].iat[c]), "kernel": str(ops["short_name"].iat[c]),
+                    "correlation_id": _int(ops["correlation_id"].iat[c]), "start_ns": int(ops["start_ns"].iat[c]),
+                    "lost_ns": int(impact[c])} for c in chain_of.get(int(i), [])]  # fmt: skip
+        readiness = {"device": "device: the event its stream waited on",
+                     "launch": "launch call return (no event wait gated this op)",
+                     "launch_only": "launch call return (this capture has no CUDA event rows)"}[b["ready_from"]]  # fmt: skip
         run = int(runs.get(b["export"], 0))
-        late = int(a["late_rank"])
-        findings.append(
-            Finding(
-                kind=KIND,
-                severity=severity(impact, run, p),
-                title=(f"{b['short_name']} on rank {int(b['rank'])} waited {impact / 1e3:.0f} us behind "
-                       f"{a['short_name']}, which was waiting for late rank {late}"),  # fmt: skip
-                advice=(
-                    f"NCCL runs a stream's operations in order, so the op queued behind the one waiting for rank {late} "
-                    "waited too. Put operations with different peers on different communicators (e.g. one process "
-                    "group per peer pair with torch.distributed.new_group), issue the operation whose peer is ready "
-                    "first, or use a transport without a total order for point-to-point (nsysan's P2P transport); "
-                    f"and find out why rank {late} arrived late."
-                ),
-                start_ns=int(min(b["ready_ns"], b["start_ns"])),
-                end_ns=int(b["start_ns"]),
-                impact_ns=impact,
-                rank=int(b["rank"]),
-                device=int(b["device"]),
-                pid=int(b["pid"]),
-                evidence={
-                    "stream": int(b["stream"]),
-                    "blocked_op": {"kernel": str(b["short_name"]), "correlation_id": _int(b["correlation_id"]),
-                                   "ready_ns": int(b["ready_ns"]), "start_ns": int(b["start_ns"]),
-                                   "participants": neighbours.participants(i)},
-                    "blocking_op": {"kernel": str(a["short_name"]), "correlation_id": _int(a["correlation_id"]),
-                                    "start_ns": int(a["start_ns"]), "end_ns": int(a["end_ns"]),
-                                    "waited_for_peer_ns": int(a["wait_ns"])},
-                    "late_rank": late,
-                    "share_of_run": share_text(impact, run),
-                },  # fmt: skip
-            )
+        finding = Finding(
+            kind=KIND,
+            severity=Severity.INFO,
+            title=(f"{b['short_name']} on rank {int(b['rank'])} waited {lost / 1e3:.0f} us behind "
+                   f"{prev['short_name']}, which was waiting for late rank {late}"),  # fmt: skip
+            advice=(
+                f"NCCL runs a stream's (and a communicator's) operations in order, so the op queued behind the one "
+                f"waiting for rank {late} waited too, although it and its peers were ready. Put operations with "
+                "different peers on different communicators and streams (e.g. one process group per peer pair with "
+                "torch.distributed.new_group), issue the operation whose peer is ready first, or use a transport "
+                "without a total order for point-to-point (nsysan's P2P transport); and find out why rank "
+                f"{late} arrived late."
+            ),
+            start_ns=int(free_at[i]) - off,
+            end_ns=int(b["start_ns"]),
+            impact_ns=lost,
+            rank=int(b["rank"]),
+            device=int(b["device"]),
+            pid=int(b["pid"]),
+            group=f"{KIND}|rank {int(b['rank'])}|stream {int(b['stream'])}|late rank {late}",
+            evidence={
+                "stream": int(b["stream"]),
+                "blocked_op": {"kernel": str(b["short_name"]), "correlation_id": _int(b["correlation_id"]),
+                               "ready_ns": int(b["ready"]) - off, "start_ns": int(b["start_ns"]),
+                               "participants": participants},
+                "readiness": readiness,
+                "blocking_op": {"kernel": str(prev["short_name"]), "correlation_id": _int(prev["correlation_id"]),
+                                "start_ns": int(prev["start_ns"]), "end_ns": int(prev["end_ns"]),
+                                "waited_for_peer_ns": int(a_wait[i])},
+                "late_rank": late,
+                "participants_from": method,
+                "cascade": cascade,
+                "share_of_run": share_text(lost, run),
+            },  # fmt: skip
         )
-    return findings
+        graded.append((finding, run))
+    return grade(graded, p)
 
 
 def _int(value: object) -> int | None:
