@@ -40,7 +40,7 @@ def run(seeds: range, root: Path) -> tuple[Score, int, Counter[str]]:
             for f in found:
                 seen[f.evidence["readiness"].split(" (")[0]] += 1
                 seen[f.evidence["participants_from"].split(" (")[0]] += 1
-                seen["cascade"] += bool(f.evidence["cascade"])
+                seen["cascade"] += "cascade" in f.evidence
     return score, clean, seen
 
 

@@ -209,7 +209,8 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                     "lost_ns": int(impact[c])} for c in chain_of.get(int(i), [])]  # fmt: skip
         readiness = {"device": "device: the event its stream waited on",
                      "launch": "launch call return (no event wait gated this op)",
-                     "launch_only": "launch call return (this capture has no CUDA event rows)"}[b["ready_from"]]  # fmt: skip
+                     "launch_only": "launch call return (no cudaEventRecord rows in this capture: record them with "
+                                    "nsys profile --cuda-event-trace=true)"}[b["ready_from"]]  # fmt: skip
         run = int(runs.get(b["export"], 0))
         finding = Finding(
             kind=KIND,
@@ -242,10 +243,11 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                                 "waited_for_peer_ns": int(a_wait[i])},
                 "late_rank": late,
                 "participants_from": method,
-                "cascade": cascade,
                 "share_of_run": share_text(lost, run),
             },  # fmt: skip
         )
+        if cascade:
+            finding.evidence["cascade"] = cascade
         graded.append((finding, run))
     return grade(graded, p)
 
