@@ -1,0 +1,90 @@
+"""Deliberate detector bugs that the tests must catch.
+
+Each mutant is one small source edit that reintroduces a mistake a detector could plausibly make
+(several were the detectors' real behaviour before the truth tests). :func:`killed` applies it to a
+copy of the repository and runs the tests named for it; a mutant the tests do not fail on means
+the tests no longer guard that part of the definition.
+
+``python -m tests.mutations`` runs them all and prints a line each; tests/test_mutations.py runs
+them in CI.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+_COPY = ("nsysan", "dashboards", "fixtures", "tests", "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+ORDERING = ("tests/test_ordering_truth.py",)
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("ordering: B's own peers never checked", "nsysan/detect/nccl_ordering_stall.py",
+           'free_at = np.fmax(ops["ready"].to_numpy(), b_peers_ready)',
+           'free_at = ops["ready"].to_numpy() + 0 * b_peers_ready', ORDERING),
+    Mutant("ordering: readiness from the launch call's return", "nsysan/detect/nccl_ordering_stall.py",
+           'ops["ready"] = np.fmax(ops["launched_ns"].astype("float64"), device.astype("float64")) + offset',
+           'ops["ready"] = ops["launched_ns"].astype("float64") + offset', ORDERING),
+    Mutant("ordering: impact x1.2", "nsysan/detect/nccl_ordering_stall.py",
+           'impact = ops["a_start"].to_numpy() - free_at',
+           'impact = (ops["a_start"].to_numpy() - free_at) * 1.2', ORDERING),
+    Mutant("ordering: cascade links reported as new stalls", "nsysan/detect/nccl_ordering_stall.py",
+           "heads = np.flatnonzero(hit & (parent < 0))", "heads = np.flatnonzero(hit)", ORDERING),
+    Mutant("ordering: any kernel ending at the same time is a participant", "nsysan/detect/nccl_participants.py",
+           'links = links[(links["agree"] >= links["common"]) & (links["common"] >= need)].reset_index()',
+           'links = links[links["agree"] >= 1].reset_index()', ORDERING),
+    Mutant("severity thresholds swapped", "nsysan/detect/common.py",
+           'warning_share: float = param(0.01, "impact / run length at which a finding becomes a warning")\n'
+           '    critical_share: float = param(0.05,',
+           'warning_share: float = param(0.05, "impact / run length at which a finding becomes a warning")\n'
+           '    critical_share: float = param(0.01,', ORDERING),
+)  # fmt: skip
+
+
+def killed(mutant: Mutant, timeout_s: int = 900) -> tuple[bool, str]:
+    """Apply ``mutant`` to a copy of the repository and run its tests: (whether they failed, last line)."""
+    with tempfile.TemporaryDirectory(prefix="nsysan-mutant-") as tmp:
+        root = Path(tmp)
+        for name in _COPY:
+            source = REPO / name
+            if source.is_dir():
+                shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__", "samples"))
+            else:
+                shutil.copy2(source, root / name)
+        (root / "fixtures" / "samples").symlink_to(REPO / "fixtures" / "samples")
+        target = root / mutant.path
+        text = target.read_text()
+        if text.count(mutant.old) != 1:
+            raise ValueError(f"{mutant.name}: the code to mutate is not in {mutant.path} exactly once; update the mutant")
+        target.write_text(text.replace(mutant.old, mutant.new))
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+            cwd=root, capture_output=True, text=True, timeout=timeout_s,
+            env={**__import__("os").environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"},
+        )  # fmt: skip
+        last = (result.stdout.strip().splitlines() or [""])[-1]
+        return result.returncode != 0, last
+
+
+if __name__ == "__main__":
+    names = set(sys.argv[1:])
+    for m in MUTANTS:
+        if names and m.name not in names:
+            continue
+        caught, line = killed(m)
+        print(f"{'caught' if caught else 'MISSED'}  {m.name}  ({line})", flush=True)
