@@ -1,17 +1,38 @@
 """command_buffer_full: CPU launch calls blocked because the GPU launch queue was full.
 
-CUPTI records the time a launch call spends waiting for room in the command buffer as an overhead
-record of type "Command Buffer Full" (nsys: ``CUPTI_ACTIVITY_KIND_OVERHEAD.overheadType`` ->
-``ENUM_CUPTI_OVERHEAD_TYPE``, looked up by name at run time; older exports: the row's name).
+Definition. CUPTI records the time a CUDA call spends waiting for room in the command buffer (the
+launch queue) as an overhead record of type "Command Buffer Full" (nsys:
+``CUPTI_ACTIVITY_KIND_OVERHEAD.overheadType`` -> ``ENUM_CUPTI_OVERHEAD_TYPE``, looked up by name or
+label at run time, e.g. ``8, OVERHEAD_COMMAND_BUFFER_FULL, Command buffer full (CUDA)`` in real
+2026 exports; older exports: the row's name). Only those rows count: a long launch call without
+one (lazy loading, driver JIT, a slow host) is not a full queue, and other overhead types (buffer
+flush, JIT) are not either. Per thread, rows closer than ``cluster_gap_ns`` form one stall; a
+finding per stall, grouped per (process, thread), impact = CPU time blocked (union of the rows).
 
-Algorithm:
+Why. A full queue means the CPU is ahead of the GPU: the thread waits for the GPU to drain work
+before it can queue more. Whether that costs step time depends on the GPU, so each finding says
+what the rows show about it:
 
-1. Keep overhead rows whose type or name says "command buffer full".
-2. Per thread, cluster them in time: a gap above ``cluster_gap_ns`` starts a new cluster.
-3. Per cluster: CPU time blocked (union of the rows), the launch calls of that thread inside the
-   window, the kernels they launched (through correlation ids), and how busy the kernels' device
-   was meanwhile (busy: the CPU ran ahead of a saturated GPU; idle: launches are the bottleneck).
-4. Report clusters blocking at least ``min_blocked_ns``; severity from blocked time / run length.
+- the blocked calls are found by the rows' correlation ids (or, without them, the calls of the
+  thread that contain the row); the work they queued (kernels, copies, memsets with the same
+  correlation id) gives the device;
+- busy share = union of that device's kernels, memcpys and memsets over the stall window (copies
+  count: a GPU draining Host-to-Device copies is busy even with few kernels);
+- ``busy_share`` (0.9) or more: the GPU was saturated and the blocked time is CPU time; less: the
+  queued work was waiting (events, other streams, peers, the host), not running;
+- none of the queued work in the export: the kernels these launches queued fall outside the
+  capture window; GPU state unknown (a window cut from a longer capture ends while the queue is
+  full). The verdict is then "unknown", never "idle".
+
+Thresholds. ``cluster_gap_ns`` 1 ms: blocked calls of one burst follow each other within a few us
+to a ms; bursts of separate steps are further apart. ``min_blocked_ns`` 100 us: below it a stall
+is a handful of blocked launches, not worth a finding (the real 2x H100 stalls are 4-120 ms).
+Severity from the group's total blocked time over the run (``common.grade``).
+
+Blind spots. Rows without a thread (``globalTid`` NULL) cannot be tied to calls or to a process.
+The busy share says the engines were busy, not that the blocked thread's own work was what kept
+them busy. 2022.4 exports have no CUPTI overhead table; there the rows must come from
+``PROFILER_OVERHEAD`` by name.
 """
 
 from __future__ import annotations
@@ -21,145 +42,203 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from nsysan.detect.common import SeverityParams, run_ns, severity, share_text
+from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
 from nsysan.detect.registry import param, register
-from nsysan.findings import Finding
+from nsysan.findings import Finding, Severity
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
 
 KIND = "command_buffer_full"
-_NO_INTERVALS = pd.DataFrame({"start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64")})
 _LABEL = "command buffer full"
+_KEYS = ["export", "pid", "tid"]
+_WORK = ["export", "pid", "device", "correlation_id", "start_ns", "end_ns", "work"]
+OUTSIDE = "the kernels these launches queued fall outside the capture window; GPU state unknown"
 
 
 @dataclass(frozen=True)
 class Params(SeverityParams):
     cluster_gap_ns: int = param(1_000_000, "overhead rows of one thread further apart than this start a new stall")
-    min_blocked_ns: int = param(100_000, "report a stall only if launch calls were blocked at least this long")
-    busy_share: float = param(0.9, "device busy share during the stall above which the GPU counts as saturated")
+    min_blocked_ns: int = param(100_000, "report a stall only if calls were blocked at least this long")
+    busy_share: float = param(0.9, "device busy share during the stall at or above which the GPU counts as saturated")
 
 
 def _rows(trace: Trace) -> pd.DataFrame:
+    """Overhead rows whose type label or name says Command Buffer Full."""
     o = trace.overhead
     if o.empty:
         return o
     text = o["overhead_type"].astype(object).fillna("").astype(str) + " " + o["name"].astype(object).fillna("").astype(str)
-    return o[text.str.lower().str.contains(_LABEL, regex=False)]
+    text = text.str.lower().str.replace("_", " ", regex=False)
+    rows = o[text.str.contains(_LABEL, regex=False)]
+    return rows.astype({"start_ns": "int64", "end_ns": "int64", "pid": "int64", "tid": "int64"})
 
 
-def _clusters(rows: pd.DataFrame, gap_ns: int) -> pd.DataFrame:
-    keys = ["export", "pid", "tid"]
-    d = rows.sort_values([*keys, "start_ns"], kind="stable").reset_index(drop=True)
-    reach = d.groupby(keys, sort=False)["end_ns"].cummax()
-    previous = reach.groupby([d[k] for k in keys], sort=False).shift()
+def _clusters(rows: pd.DataFrame, gap_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Rows tagged with a cluster id per thread, and one line per cluster."""
+    d = rows.sort_values([*_KEYS, "start_ns"], kind="stable").reset_index(drop=True)
+    reach = d.groupby(_KEYS, sort=False)["end_ns"].cummax()
+    previous = reach.groupby([d[k] for k in _KEYS], sort=False).shift()
     d["cluster"] = (previous.isna() | (d["start_ns"] - previous > gap_ns)).cumsum() - 1
     blocked = merge(d, ["cluster"])
-    blocked_ns = (blocked["end_ns"] - blocked["start_ns"]).groupby(blocked["cluster"]).sum()
     c = d.groupby("cluster").agg(
         export=("export", "first"), pid=("pid", "first"), tid=("tid", "first"), rank=("rank", "first"),
-        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), rows=("start_ns", "size"),
-        source=("source", "first"),
+        start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), rows=("start_ns", "size"), source=("source", "first"),
     )  # fmt: skip
-    c["blocked_ns"] = blocked_ns
-    return c
+    c["blocked_ns"] = (blocked["end_ns"] - blocked["start_ns"]).groupby(blocked["cluster"]).sum()
+    return d, c
 
 
-def _launches(trace: Trace, clusters: pd.DataFrame) -> pd.DataFrame:
-    """Launch calls of each cluster's thread inside its window, tagged with the cluster id."""
-    api = trace.cuda_api
-    keys = ["export", "pid", "tid"]
-    calls = api[api["name"].astype(str).str.contains("Launch", regex=False)]
-    if calls.empty:
-        return calls.assign(cluster=pd.Series(dtype="int64"))
-    bounds = clusters.reset_index()[["cluster", *keys, "start_ns", "end_ns"]].rename(
-        columns={"start_ns": "c_start", "end_ns": "c_end"}
-    )
-    calls = calls.astype({"tid": "int64", "pid": "int64"}).sort_values("end_ns")
-    bounds = bounds.astype({"tid": "int64", "pid": "int64"}).sort_values("c_start")
-    hit = pd.merge_asof(calls, bounds, left_on="end_ns", right_on="c_start", by=keys, direction="backward")
-    return hit[hit["cluster"].notna() & (hit["start_ns"] <= hit["c_end"])].astype({"cluster": "int64"})
+def _blocked_calls(trace: Trace, rows: pd.DataFrame) -> pd.DataFrame:
+    """The API call each row blocked: by correlation id on the same thread, else the thread's call
+    that contains the row. One line per (cluster, call)."""
+    api = trace.cuda_api.dropna(subset=["start_ns", "end_ns"])
+    api = api.astype({"pid": "int64", "tid": "int64", "start_ns": "int64", "end_ns": "int64"})
+    cols = [*_KEYS, "correlation_id", "name", "start_ns", "end_ns"]
+    r = rows.rename(columns={"start_ns": "o_start", "end_ns": "o_end"}).reset_index(drop=True)
+    r["row"] = r.index
+    with_id = r[r["correlation_id"].notna() & (r["correlation_id"] != 0)]
+    hit = with_id[[*_KEYS, "correlation_id", "cluster", "row"]].merge(api[cols], on=[*_KEYS, "correlation_id"])
+    rest = r[~r["row"].isin(hit["row"])]
+    if len(rest) and len(api):
+        q = rest[[*_KEYS, "o_start", "o_end", "cluster", "row"]].sort_values("o_start", kind="stable")
+        calls = api[cols].sort_values("start_ns", kind="stable")
+        inside = pd.merge_asof(q, calls, left_on="o_start", right_on="start_ns", by=_KEYS, direction="backward")
+        inside = inside[inside["end_ns"].notna() & (inside["end_ns"] >= inside["o_end"])]
+        hit = pd.concat([hit, inside[hit.columns]], ignore_index=True)
+    return hit.drop_duplicates([*_KEYS, "correlation_id", "cluster"]).drop(columns="row")
+
+
+def _work(trace: Trace) -> pd.DataFrame:
+    """Kernels, memcpys and memsets: the GPU work a call can queue and what keeps a device busy."""
+    k = trace.kernel_columns(("pid", "device", "correlation_id", "start_ns", "end_ns", "short_name"))
+    parts = [k.assign(work=k["short_name"].astype(str))[_WORK]]
+    for frame, label in ((trace.memcpy, "memcpy"), (trace.memset, "memset")):
+        if len(frame):
+            name = "memcpy " + frame["copy_kind"].astype(str) if label == "memcpy" else "memset"
+            parts.append(frame.assign(work=name)[_WORK])
+    work = pd.concat(parts, ignore_index=True).dropna(subset=["device", "start_ns", "end_ns"])
+    return work.astype({"export": "int64", "pid": "int64", "device": "int64", "start_ns": "int64", "end_ns": "int64"})
+
+
+def _busy(work: pd.DataFrame, stalls: pd.DataFrame) -> pd.DataFrame:
+    """Per stall (index of ``stalls``: export, device, start_ns, end_ns), the share of its window its
+    device ran anything ("all") and each kind of work (kernels, each copy kind, memset). Intervals
+    are merged once per (export, device, kind); each stall costs two binary searches per kind."""
+    kind = np.where(work["work"].str.startswith(("memcpy", "memset")), work["work"], "kernels")
+    per_kind = pd.concat([work.assign(kind=kind), work.assign(kind="all")], ignore_index=True)
+    merged = merge(per_kind, ["export", "device", "kind"])
+    span = (stalls["end_ns"] - stalls["start_ns"]).clip(lower=1).astype(float)
+    parts = []
+    for (export, device, what), m in merged.groupby(["export", "device", "kind"]):
+        mine = stalls[(stalls["export"] == export) & (stalls["device"] == device)]
+        covered = covered_ns(mine["start_ns"].to_numpy(), mine["end_ns"].to_numpy(), m)
+        parts.append(pd.DataFrame({"stall": mine.index, "kind": what, "share": covered / span[mine.index].to_numpy()}))
+    if not parts:
+        return pd.DataFrame(index=stalls.index)
+    return pd.concat(parts).pivot(index="stall", columns="kind", values="share").reindex(stalls.index)
 
 
 @register(KIND, Params)
 def detect(trace: Trace, p: Params) -> list[Finding]:
-    """CPU launch calls blocked because the GPU launch queue (command buffer) was full."""
+    """CPU calls blocked because the GPU launch queue (command buffer) was full, and the GPU state meanwhile."""
     rows = _rows(trace)
     if rows.empty:
         return []
-    clusters = _clusters(rows, p.cluster_gap_ns)
+    rows, clusters = _clusters(rows, p.cluster_gap_ns)
     clusters = clusters[clusters["blocked_ns"] >= p.min_blocked_ns]
     if clusters.empty:
         return []
-    launches = _launches(trace, clusters)
-    kernels = trace.kernel_columns(("pid", "device", "correlation_id", "start_ns", "end_ns", "short_name"))
-    launched = launches.merge(
-        kernels.rename(columns={"start_ns": "k_start", "end_ns": "k_end"}), on=["export", "pid", "correlation_id"]
-    )
-    busy = {key: g for key, g in merge(kernels.dropna(subset=["device"]), ["export", "device"]).groupby(["export", "device"])}
-    calls_by_cluster = dict(tuple(launches.groupby("cluster")))
-    launched_by_cluster = dict(tuple(launched.groupby("cluster")))
-    nothing = launched.iloc[0:0]
-    threads = trace.threads.set_index(["export", "pid", "tid"])["name"].astype(object)
-    threads = threads[~threads.index.duplicated()]
+    rows = rows[rows["cluster"].isin(clusters.index)]
+    calls = _blocked_calls(trace, rows)
+    work = _work(trace)
+    queued = calls[["export", "pid", "correlation_id", "cluster", "end_ns"]].rename(columns={"end_ns": "call_end"}).merge(
+        work, on=["export", "pid", "correlation_id"])  # fmt: skip
+    calls_by = dict(tuple(calls.groupby("cluster")))
+    queued_by = dict(tuple(queued.groupby("cluster")))
+    device = queued.groupby("cluster")["device"].agg(lambda d: d.mode().iloc[0]).reindex(clusters.index)
+    stalls = clusters.assign(device=device).dropna(subset=["device"]).astype({"device": "int64"})
+    busy = _busy(work, stalls[["export", "device", "start_ns", "end_ns"]])
+    has_gpu = set(zip(work["export"], work["pid"]))
+    threads = trace.threads.drop_duplicates(_KEYS).set_index(_KEYS)["name"].astype(object)
     runs = run_ns(trace)
+    graded = []
+    for cluster, c in clusters.iterrows():  # one iteration per stall, not per row
+        shares = busy.loc[cluster].dropna().to_dict() if cluster in busy.index else {}
+        f = _finding(c, calls_by.get(cluster, calls.iloc[0:0]), queued_by.get(cluster, queued.iloc[0:0]), shares,
+                     (c["export"], c["pid"]) in has_gpu, threads, int(runs.get(c["export"], 0)), p)  # fmt: skip
+        graded.append((f, int(runs.get(c["export"], 0))))
+    return grade(graded, p)
 
-    findings = []
-    for cluster, c in clusters.iterrows():  # one iteration per stall cluster, not per row
-        calls = calls_by_cluster.get(cluster, launches.iloc[0:0])
-        mine = launched_by_cluster.get(cluster, nothing)
-        top = mine["short_name"].astype(str).value_counts().head(5)
-        device = int(mine["device"].mode().iloc[0]) if len(mine) else None
-        window = max(int(c["end_ns"] - c["start_ns"]), 1)
-        busy_pct = None
-        if device is not None:
-            on_device = busy.get((c["export"], device), _NO_INTERVALS)
-            busy_pct = 100.0 * covered_ns(np.array([c["start_ns"]]), np.array([c["end_ns"]]), on_device)[0] / window
-        saturated = busy_pct is not None and busy_pct >= 100 * p.busy_share
-        run = int(runs.get(c["export"], 0))
-        blocked = int(c["blocked_ns"])
-        thread_name = threads.get((c["export"], c["pid"], c["tid"]), "")
-        known = int(c["pid"]) != 0  # globalTid NULL decodes to pid 0: the thread is unknown
-        gpu = (
-            f"device {device} stayed {busy_pct:.0f}% busy: the CPU ran ahead of a saturated GPU"
-            if saturated
-            else f"device {device} was busy only {busy_pct:.0f}% of the window: launches are the bottleneck"
-            if busy_pct is not None
-            else "the launched kernels are not in the trace"
-        )
-        findings.append(
-            Finding(
-                kind=KIND,
-                severity=severity(blocked, run, p),
-                title=(f"Launch queue full: thread {int(c['tid']) if known else '(unknown)'} blocked "
-                       f"{blocked / 1e6:.2f} ms in {len(calls)} launch calls"),  # fmt: skip
-                advice=(
-                    "Launch fewer, larger kernels: capture the launch-heavy section as a CUDA graph "
-                    "(torch.cuda.CUDAGraph, or torch.compile(mode='reduce-overhead')), fuse small kernels "
-                    "(torch.compile), or enlarge the launch queue with CUDA_SCALE_LAUNCH_QUEUES=4x. "
-                    + ("The GPU was saturated, so the cost is CPU time the thread could spend preparing "
-                       "the next step (data loading, communication)." if saturated else
-                       "The GPU went idle while the CPU was blocked: the launches themselves limit throughput.")
-                ),  # fmt: skip
-                start_ns=int(c["start_ns"]),
-                end_ns=int(c["end_ns"]),
-                impact_ns=blocked,
-                rank=None if pd.isna(c["rank"]) or not known else int(c["rank"]),
-                device=device,
-                pid=int(c["pid"]) if known else None,
-                evidence={
-                    "thread": int(c["tid"]) if known else "unknown (overhead rows without globalTid)",
-                    "thread_name": str(thread_name),
-                    "overhead_rows": int(c["rows"]),
-                    "overhead_table": str(c["source"]),
-                    "blocked_ns": blocked,
-                    "share_of_run": share_text(blocked, run),
-                    "launch_calls": len(calls),
-                    "correlation_ids": [int(calls["correlation_id"].min()), int(calls["correlation_id"].max())]
-                    if len(calls) else [],
-                    "kernels_queued": [{"kernel": k, "count": int(n)} for k, n in top.items()],
-                    "gpu": gpu,
-                    "gpu_busy_pct": None if busy_pct is None else round(busy_pct, 1),
-                },  # fmt: skip
-            )
-        )
-    return findings
+
+def _finding(c: pd.Series, calls: pd.DataFrame, queued: pd.DataFrame, shares: dict[str, float], process_on_gpu: bool,
+             threads: pd.Series, run: int, p: Params) -> Finding:
+    export, pid, tid = int(c["export"]), int(c["pid"]), int(c["tid"])
+    start, end, blocked = int(c["start_ns"]), int(c["end_ns"]), int(c["blocked_ns"])
+    known = pid != 0  # globalTid NULL decodes to pid 0: the thread is unknown
+    with_work = queued["correlation_id"].nunique()
+    outside = len(calls) - with_work
+    device = int(queued["device"].mode().iloc[0]) if len(queued) else None
+    busy, verdict = None, "unknown"
+    by_kind = {str(k): float(v) for k, v in shares.items() if k != "all"}
+    if device is not None:
+        busy = float(shares.get("all", 0.0))
+        verdict = "saturated" if busy >= p.busy_share else "waiting"
+    delay = float((queued["start_ns"] - queued["call_end"]).median()) if len(queued) else None
+    top = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])[:3] if v >= 0.005)
+    if verdict == "unknown":
+        gpu = (OUTSIDE if process_on_gpu and len(calls)
+               else "overhead rows without a thread: the blocked calls and their kernels cannot be found; GPU state unknown"
+               if not known else "no GPU work of this process is in the trace; GPU state unknown")  # fmt: skip
+    else:
+        gpu = (f"device {device} was {100 * busy:.0f}% busy during the stall ({top or 'nothing ran'}); "
+               f"the queued work started a median {delay / 1e6:.2f} ms after its call returned")  # fmt: skip
+        if outside:
+            gpu += f"; the work of {outside} of {len(calls)} blocked calls falls outside the capture window"
+    mostly = f" (mostly {max(by_kind, key=by_kind.get)})" if by_kind else ""
+    why = {
+        "saturated": f"The GPU was busy through the stall{mostly}, so the queue filled because the GPU is behind, not "
+        "because launching is slow: the step is GPU-bound and the blocked time is CPU time the thread could spend on "
+        "other work (data loading, host-side communication). To free it, queue fewer entries (capture the section as "
+        "a CUDA graph: torch.cuda.CUDAGraph or torch.compile(mode='reduce-overhead'); fuse small kernels) or enlarge "
+        "the queue with CUDA_SCALE_LAUNCH_QUEUES=4x; to shorten the step, make the GPU work itself cheaper.",
+        "waiting": f"Device {device} ran work only {100 * (busy or 0):.0f}% of the time its launch queue was full: the "
+        "queued work was waiting (on events, other streams, a peer or the host), so more queue space or fewer "
+        "launches will not help; find what the streams waited on (cudaStreamWaitEvent, NCCL peers, host syncs). "
+        "CUDA_SCALE_LAUNCH_QUEUES=4x only lets the CPU run further ahead.",
+        "unknown": f"{gpu[0].upper()}{gpu[1:]}. Capture a window that extends past these launches (nsys --duration, "
+        "or a later stop) to see whether the GPU was saturated. A full queue means the CPU ran ahead of the GPU; "
+        "CUDA_SCALE_LAUNCH_QUEUES=4x or fewer launches (CUDA graphs, fused kernels) only stop the thread from blocking.",
+    }[verdict]
+    return Finding(
+        kind=KIND,
+        severity=Severity.INFO,
+        title=(f"Launch queue full: thread {tid if known else '(unknown)'} blocked {blocked / 1e6:.2f} ms "
+               f"in {len(calls)} calls"),  # fmt: skip
+        advice=why,
+        start_ns=start,
+        end_ns=end,
+        impact_ns=blocked,
+        rank=None if pd.isna(c["rank"]) or not known else int(c["rank"]),
+        device=device,
+        pid=pid if known else None,
+        group=f"{KIND}|rank {c['rank'] if known and pd.notna(c['rank']) else '?'}|pid {pid if known else '?'}"
+        f"|thread {tid if known else '?'}",
+        evidence={
+            "thread": tid if known else "unknown (overhead rows without globalTid)",
+            "thread_name": str(threads.get((export, pid, tid), "")),
+            "overhead_rows": int(c["rows"]),
+            "overhead_table": str(c["source"]),
+            "blocked_ns": blocked,
+            "share_of_run": share_text(blocked, run),
+            "launch_calls": int(len(calls)),
+            "blocked_calls": {str(k): int(v) for k, v in calls["name"].astype(str).value_counts().items()},
+            "correlation_ids": [int(calls["correlation_id"].min()), int(calls["correlation_id"].max())] if len(calls) else [],
+            "calls_with_work_in_capture": int(with_work),
+            "kernels_queued": [{"kernel": k, "count": int(n)} for k, n in queued["work"].astype(str).value_counts().head(5).items()],
+            "gpu_state": verdict,
+            "gpu": gpu,
+            "gpu_busy_pct": None if busy is None else round(100 * busy, 1),
+            "gpu_busy_by_kind_pct": {k: round(100 * v, 1) for k, v in by_kind.items()},
+            "queue_delay_ns_median": None if delay is None else round(delay),
+        },
+    )
