@@ -32,6 +32,7 @@ class Mutant:
 
 
 ORDERING = ("tests/test_ordering_truth.py",)
+GRAPH_CBF = ("tests/test_graph_cbf_truth.py",)
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("ordering: B's own peers never checked", "nsysan/detect/nccl_ordering_stall.py",
@@ -48,6 +49,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ordering: any kernel ending at the same time is a participant", "nsysan/detect/nccl_participants.py",
            'links = links[(links["agree"] >= links["common"]) & (links["common"] >= need)].reset_index()',
            'links = links[links["agree"] >= 1].reset_index()', ORDERING),
+    Mutant("graph gaps: producer from kernels only", "nsysan/detect/graph_allreduce_gap.py",
+           "parts = [p[_OP_COLUMNS] for p in (kernels, copies, sets) if len(p)]",
+           "parts = [p[_OP_COLUMNS] for p in (kernels,) if len(p)]", GRAPH_CBF),
+    Mutant("command buffer full: clustering gap 1 ms -> 10 ms", "nsysan/detect/command_buffer_full.py",
+           "cluster_gap_ns: int = param(1_000_000,", "cluster_gap_ns: int = param(10_000_000,", GRAPH_CBF),
     Mutant("severity thresholds swapped", "nsysan/detect/common.py",
            'warning_share: float = param(0.01, "impact / run length at which a finding becomes a warning")\n'
            '    critical_share: float = param(0.05,',
