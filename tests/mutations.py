@@ -33,6 +33,7 @@ class Mutant:
 
 ORDERING = ("tests/test_ordering_truth.py",)
 GRAPH_CBF = ("tests/test_graph_cbf_truth.py",)
+SLOWDOWN = ("tests/test_slowdown_truth.py",)
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("ordering: B's own peers never checked", "nsysan/detect/nccl_ordering_stall.py",
@@ -49,6 +50,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("ordering: any kernel ending at the same time is a participant", "nsysan/detect/nccl_participants.py",
            'links = links[(links["agree"] >= links["common"]) & (links["common"] >= need)].reset_index()',
            'links = links[links["agree"] >= 1].reset_index()', ORDERING),
+    Mutant("slowdown: kernels grouped by short name", "nsysan/detect/comm_compute_slowdown.py",
+           'k["sig"] = k.groupby(["name", "grid", "block"], observed=True, dropna=False).ngroup()',
+           'k["sig"] = k.groupby(["short_name", "grid", "block"], observed=True, dropna=False).ngroup()', SLOWDOWN),
+    Mutant("slowdown: copies pooled with NCCL as one communication class", "nsysan/detect/comm_compute_slowdown.py",
+           'base = {"export": copies["export"], "cls": kind.map(_COPY_CLASS),',
+           'base = {"export": copies["export"], "cls": 0,', SLOWDOWN),
+    Mutant("slowdown: impact x1.2", "nsysan/detect/comm_compute_slowdown.py",
+           "def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:\n",
+           "def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:\n    impact = int(impact * 1.2)\n",
+           SLOWDOWN),
     Mutant("graph gaps: producer from kernels only", "nsysan/detect/graph_allreduce_gap.py",
            "parts = [p[_OP_COLUMNS] for p in (kernels, copies, sets) if len(p)]",
            "parts = [p[_OP_COLUMNS] for p in (kernels,) if len(p)]", GRAPH_CBF),

@@ -1,11 +1,14 @@
-"""The four detectors against seeded scenarios with planted anomalies and their clean twins.
+"""The detectors against the first generation of seeded scenarios (fixtures/anomalies.py).
 
 64 scenarios: 4 kinds x 8 seeds x (planted, clean); both schema flavours and both layouts (one
 export, one per rank) for every kind; 1-6 ranks; every 4th seed near the thresholds (planted just
-above, clean twins with sub-threshold versions). A finding counts only if kind, rank and time
-match, its impact is within 25% of what was planted and (stalls) it blames the late rank; each
-planted anomaly matches one finding at most. Per kind, precision and recall must be >= 0.9, and
-the clean twins must produce no finding at all.
+above, clean twins with sub-threshold versions). The clean twins of all four kinds must give no
+finding at all. Precision and recall (>= 0.9; kind, rank and time match, impact within 25%, each
+planted anomaly matched once) are checked here for the graph-gap and launch-queue families only:
+the ordering-stall family never repeats an operation across steps (so nothing identifies a
+communicator) and the slowdown family plants one run-wide truth where the detector now reports one
+finding per step episode. Those two kinds are judged, strictly and with confounders, by
+tests/test_ordering_truth.py and tests/test_slowdown_truth.py.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections import Counter
 import pytest
 
 from fixtures.anomalies import FAMILIES, Planted, scenario
+from fixtures.samples import FINDING_SAMPLES, sample_paths
 from nsysan.findings import Finding
 from nsysan.ingest import load_trace
 from nsysan.report import analyse
@@ -70,7 +74,7 @@ def test_fifty_scenarios_cover_both_layouts_and_schemas(outcomes):
         assert shapes == {(False, "3.0.0"), (True, "3.0.0"), (False, "3.28.1"), (True, "3.28.1")}
 
 
-@pytest.mark.parametrize("kind", list(FAMILIES))
+@pytest.mark.parametrize("kind", ["graph_allreduce_gap", "command_buffer_full"])
 def test_precision_and_recall(outcomes, kind):
     truths = [t for _, _, _, ts, _ in outcomes for t in ts if t.kind == kind]
     found = matched = 0
@@ -99,17 +103,18 @@ def test_every_finding_follows_the_contract(outcomes):
             assert d["title"] and d["advice"] and d["evidence"]
 
 
-@pytest.mark.parametrize("kind", list(FAMILIES))
-def test_findings_appear_in_every_format(tmp_path, kind):
+@pytest.mark.parametrize("sample", list(FINDING_SAMPLES))
+def test_findings_appear_in_every_format(sample):
     from nsysan.report.renderers import RENDERERS
 
-    paths, truths = scenario(kind, 0, True, tmp_path)
-    with load_trace(paths) as trace:
+    kind = FINDING_SAMPLES[sample][0]
+    with load_trace(sample_paths(sample)) as trace:
         doc = analyse(trace)
     mine = [f for f in doc["findings"] if f["kind"] == kind]
     assert mine
+    worst = doc["findings"][doc["groups"][0]["worst"]]
     for name, render in RENDERERS.items():
         text = html.unescape(render(doc)) if name == "html" else render(doc)
         flat = " ".join(text.split())  # the terminal wraps long lines
-        assert " ".join(mine[0]["title"].split()) in flat, name
-        assert " ".join(mine[0]["advice"].split())[:60] in flat, name
+        assert " ".join(worst["title"].split()) in flat, name
+        assert " ".join(worst["advice"].split())[:60] in flat, name

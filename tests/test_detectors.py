@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fixtures.anomalies import scenario
+from fixtures.confounders_ordering import scenario as ordering_scenario
 from fixtures.exporter import ExportWriter
 from fixtures.scenarios import JobSpec, write_job
 from nsysan.cli import app
@@ -30,7 +31,7 @@ def test_one_rank_has_no_ordering_stall(tmp_path):
 
 
 def test_missing_peer_files_do_not_invent_a_stall(tmp_path):
-    paths, truths = scenario("nccl_ordering_stall", 2, True, tmp_path, file_per_rank=True)
+    paths, truths = ordering_scenario(6, True, tmp_path)  # one file per rank
     victim = truths[0].rank
     # only the victim's own file: the late peer is not in the trace, so nobody can be blamed
     assert findings([p for p in paths if p.name == f"rank{victim}.sqlite"], "nccl_ordering_stall") == []
@@ -38,15 +39,16 @@ def test_missing_peer_files_do_not_invent_a_stall(tmp_path):
 
 
 def test_stall_names_the_late_peer_and_both_ops(tmp_path):
-    paths, truths = scenario("nccl_ordering_stall", 1, True, tmp_path)
+    paths, truths = ordering_scenario(1, True, tmp_path)
     found = findings(paths, "nccl_ordering_stall")
     assert sorted(f.rank for f in found) == sorted(t.rank for t in truths)
-    f = found[0]
-    ev = f.evidence
-    assert ev["late_rank"] not in ev["blocked_op"]["participants"]
-    assert ev["blocking_op"]["waited_for_peer_ns"] >= 500_000
-    assert ev["blocked_op"]["ready_ns"] < ev["blocking_op"]["end_ns"] <= ev["blocked_op"]["start_ns"]
-    assert f"rank {ev['late_rank']}" in f.advice
+    for f in found:
+        ev = f.evidence
+        assert ev["late_rank"] not in ev["blocked_op"]["participants"]
+        assert ev["blocking_op"]["waited_for_peer_ns"] >= 500_000
+        assert ev["blocked_op"]["ready_ns"] < ev["blocking_op"]["end_ns"] <= ev["blocked_op"]["start_ns"]
+        assert f.start_ns >= ev["blocked_op"]["ready_ns"] and f.end_ns == ev["blocked_op"]["start_ns"]
+        assert f"rank {ev['late_rank']}" in f.advice
 
 
 def test_single_kernel_instance_is_not_a_slowdown(tmp_path):

@@ -3,162 +3,423 @@
 NCCL kernels take SMs and memory bandwidth; peer and host copies take memory bandwidth. Tools
 report how much communication *overlaps* compute; this measures what the overlap *costs*.
 
-Algorithm:
+Definition
+----------
+An instance of a compute kernel is *slowed by* a class of communication when
 
-1. Communication on a device: NCCL kernels plus peer-to-peer, host-to-device and device-to-host
-   copies, merged into disjoint intervals per (export, device).
-2. For every compute kernel, the share of its duration covered by communication (two binary
-   searches per kernel). Covered >= ``overlap_share``: *overlapped*; covered 0: *clean*.
-3. Group compute kernels by (device, short name, grid, block): the same work. A group is reported when
-   both sides have ``min_samples`` instances, the overlapped median is at least ``min_ratio`` x
-   the clean median, and above the clean 90th percentile (so jitter does not count).
-4. Extra time = (overlapped median - clean median) x overlapped instances; the communication that
-   overlapped most is named.
+- the class covers at least ``overlap_share`` of its duration (classes, never pooled: NCCL
+  kernel, peer copy (Peer-to-Peer), host copy (Host-to-Device / Device-to-Host); an instance two
+  classes each cover that much belongs to the combined class, e.g. "NCCL kernel + host copy");
+- its duration, divided by its step's clock factor, is at least ``min_ratio`` x the *expected*
+  duration and more than ``clean_margin`` above the largest clean duration (the 90th percentile
+  beyond 10 clean instances), where expected is the mean of the CLEAN instances (no
+  communication at all) of the same kernel at the same program position, clock-corrected, after
+  dropping the lowest and highest tenth (their agreement is checked first, so the mean is safe
+  and has less noise than the median).
+
+"The same kernel" is the demangled name + grid + block (short names are shared by unrelated
+kernels: every PyTorch elementwise functor is ``vectorized_elementwise_kernel``, apex's Adam and a
+unary functor are both ``multi_tensor_apply_kernel``). "The same program position" is the path
+of NVTX push/pop ranges enclosing the kernel's launch call on its thread, digits replaced by
+``#`` ("step 12/backward" -> "step #/backward"), plus the kernel's ordinal among the kernels of
+its signature and path within its step (a wgrad GEMM in "backward" does more work than the
+forward GEMM of the same name and shape). A *step* is the outermost enclosing range instance
+whose path occurs more than once on its thread ("step 12"; a wrapper seen once, like "Epoch 2"
+or "Jacobi Solve", is not a step). Kernels launched outside any step (or traces without NVTX)
+are compared by signature alone, over the whole trace as one step.
+
+A baseline is valid with as few as ``min_samples`` (2) clean instances when they agree: their
+spread (90th - 10th percentile; max - min up to 10 samples) is at most ``baseline_spread`` of
+expected. That lets once-per-step kernels be judged, and refuses positions whose clean instances
+do different amounts of work.
+
+Clock factor: per step, the interquartile mean of duration / expected over its clean kernels
+(expected first from raw medians, then once more from the corrected baselines); a power- or
+thermal-capped step runs every kernel slower, including those under NCCL, and dividing by the
+factor keeps it from being blamed on communication. It is applied only when the step has
+``clock_kernels`` such kernels whose ratios agree (interquartile spread within
+``baseline_spread``: a cap slows everything alike, data-dependent durations do not) and it is
+more than ``clock_tolerance`` from 1 (closer is jitter).
+
+One finding per *episode*: consecutive slowed instances of one signature and class in one step
+(any other instance of the signature in between ends the episode). Window = first slowed start
+to last slowed end. Impact = sum of (actual - expected x clock factor), in real ns. Episodes of
+the same (rank, device, kernel, class) share a group key; severity comes from the group's total
+(``common.grade``).
+
+Thresholds, and why
+-------------------
+``min_ratio`` 1.15 and ``clean_margin`` 5%: kernel jitter is a few percent; a slowdown both 15%
+above expected and clearly above every clean instance is not jitter. ``overlap_share`` 0.5: a
+64 KB metrics all-reduce touching a tenth of a GEMM neither slows it measurably nor says what
+the rest of its time did; such partly covered instances are neither clean nor judged.
+``baseline_spread`` 10%: wider than jitter, narrower than forward vs backward work.
+``min_samples`` 2: two clean instances that agree within ``baseline_spread`` are a baseline; more
+are not needed when they agree, and once-per-step kernels rarely have more per position.
+``clock_kernels`` 8 and ``clock_tolerance`` 3%: fewer kernels, or a smaller deviation, cannot be
+told from jitter. ``min_impact_ns`` 10 us: an episode costing less is below what anyone would
+act on.
+
+Blind spots
+-----------
+A position with no clean instance (communication always overlaps it, as a DDP bucket may) has no
+baseline and is not judged; nor are kernels whose clean instances disagree. Without NVTX, kernels
+of one signature doing different work are pooled; the spread check then usually refuses them.
+Contention with other compute streams and with device-to-device copies is not separated from
+"clean". Iteration numbers are removed with all other digits of a range name, so ranges that
+differ only by numbers (tensor sizes in emit_nvtx names) share a path. Launches on a thread
+other than the one holding the step ranges (PyTorch's autograd thread) fall back to signature.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from nsysan.detect.common import SeverityParams, run_ns, severity, share_text
+from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
 from nsysan.detect.registry import param, register
-from nsysan.findings import Finding
+from nsysan.findings import Finding, Severity
 from nsysan.ingest.frames import unpack_shape
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
 
 KIND = "comm_compute_slowdown"
-_COPY_KINDS = ("Peer-to-Peer", "Host-to-Device", "Device-to-Host")
-_COLUMNS = ("pid", "device", "start_ns", "end_ns", "short_name", "grid", "block")
+CLASSES = ("NCCL kernel", "peer copy", "host copy")  # bit i of an instance's class mask
+_COPY_CLASS = {"Peer-to-Peer": 1, "Host-to-Device": 2, "Device-to-Host": 2}
+_COLUMNS = ("pid", "device", "correlation_id", "start_ns", "end_ns", "name", "short_name", "grid", "block")
+_EVIDENCE_INSTANCES = 20
+_ADVICE = {
+    0: ("NCCL kernels are taking SMs and memory bandwidth from this kernel. Cap NCCL's share while it "
+        "overlaps compute (NCCL_MAX_NCHANNELS / NCCL_MAX_CTAS, fewer NCCL_NCHANNELS_PER_NET_PEER), move "
+        "point-to-point traffic to copy engines (cudaMemcpyPeerAsync, nsysan's P2P transport), or time the "
+        "buckets (DDP bucket_cap_mb, FSDP prefetch) so communication overlaps memory-light compute."),
+    1: ("Peer copies are competing for memory (HBM/NVLink) bandwidth with this kernel. Send in smaller "
+        "chunks, schedule the copies beside compute-bound kernels, or delay them to an idle window."),
+    2: ("Host copies are competing for memory bandwidth with this kernel. Prefetch from pinned memory "
+        "beside compute-bound kernels (DataLoader pin_memory, non_blocking=True at a quieter point), or "
+        "batch small copies."),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Params(SeverityParams):
-    overlap_share: float = param(0.5, "share of a kernel's time covered by communication to count it as overlapped")
-    min_samples: int = param(5, "instances needed on each side (overlapped and clean) of a kernel group")
-    min_ratio: float = param(1.15, "overlapped median / clean median needed to report")
+    overlap_share: float = param(0.5, "share of a kernel's time one class of communication must cover to count it")
+    min_samples: int = param(2, "clean instances needed at a program position for a baseline (they must also agree)")
+    baseline_spread: float = param(0.10, "largest spread of a position's clean durations (share of expected) for a baseline")
+    min_ratio: float = param(1.15, "clock-corrected duration / expected needed to call an overlapped instance slowed")
+    clean_margin: float = param(0.05, "how far above the largest clean duration a slowed instance must be")
+    clock_tolerance: float = param(0.03, "a step's clock factor this close to 1 is jitter and is not applied")
+    clock_kernels: int = param(8, "clean kernels with a baseline a step needs before its clock factor is applied")
+    min_impact_ns: int = param(10_000, "smallest episode impact (ns) to report")
+
+
+# -- communication and coverage ------------------------------------------------------------------
 
 
 def _communication(trace: Trace, kernels: pd.DataFrame) -> pd.DataFrame:
-    """(export, device, start_ns, end_ns, what) of every NCCL kernel and peer/host copy."""
+    """(export, device, cls, start_ns, end_ns, what) of every NCCL kernel and peer/host copy; a peer
+    copy counts on both its source and destination device (it loads both memories)."""
     nccl = kernels[kernels["nccl_kind"].notna()]
-    parts = [nccl.assign(what="NCCL " + nccl["nccl_op"].astype(str))[["export", "device", "start_ns", "end_ns", "what"]]]
+    parts = [pd.DataFrame({"export": nccl["export"], "device": nccl["device"], "cls": 0, "start_ns": nccl["start_ns"],
+                           "end_ns": nccl["end_ns"], "what": nccl["short_name"].astype(str)})]  # fmt: skip
     m = trace.memcpy
     if len(m):
-        copies = m[m["copy_kind"].isin(_COPY_KINDS)]
-        parts.append(copies.assign(what=copies["copy_kind"].astype(str) + " copy")[["export", "device", "start_ns", "end_ns", "what"]])
-    comm = pd.concat(parts, ignore_index=True).dropna(subset=["device"])
-    return comm.astype({"device": "int64"})
+        kind = m["copy_kind"].astype(str)
+        copies = m[kind.isin(_COPY_CLASS)]
+        kind = kind[copies.index]
+        base = {"export": copies["export"], "cls": kind.map(_COPY_CLASS), "start_ns": copies["start_ns"],
+                "end_ns": copies["end_ns"], "what": kind + " copy"}  # fmt: skip
+        parts.append(pd.DataFrame({**base, "device": copies["device"]}))
+        peer = kind == "Peer-to-Peer"
+        for side in ("src_device", "dst_device"):
+            other = copies[side].where((peer & (copies[side] != copies["device"])).fillna(False).astype(bool))
+            parts.append(pd.DataFrame({**base, "device": other}))
+    comm = pd.concat(parts, ignore_index=True).dropna(subset=["device", "start_ns", "end_ns"])
+    return comm.astype({"device": "int64", "cls": "int64", "start_ns": "int64", "end_ns": "int64"})
 
 
 def _coverage(compute: pd.DataFrame, comm: pd.DataFrame) -> np.ndarray:
-    """ns of each compute kernel covered by ``comm`` on its device."""
-    covered = np.zeros(len(compute), dtype=np.int64)
-    merged = merge(comm, ["export", "device"])
-    positions = np.arange(len(compute))
-    for (export, device), idx in compute.groupby(["export", "device"]).indices.items():  # per device, not per row
-        m = merged[(merged["export"] == export) & (merged["device"] == device)]
-        rows = compute.iloc[idx]
-        covered[positions[idx]] = covered_ns(rows["start_ns"].to_numpy(), rows["end_ns"].to_numpy(), m)
+    """ns of each compute kernel covered by each class of communication on its device: (n, 3)."""
+    covered = np.zeros((len(compute), len(CLASSES)), dtype=np.int64)
+    if comm.empty:
+        return covered
+    starts, ends = compute["start_ns"].to_numpy(), compute["end_ns"].to_numpy()
+    where = compute.groupby(["export", "device"]).indices
+    for (export, device, cls), g in comm.groupby(["export", "device", "cls"]):  # a few per device
+        idx = where.get((export, device))
+        if idx is not None:
+            covered[idx, cls] = covered_ns(starts[idx], ends[idx], merge(g, ["export", "device"]))
     return covered
+
+
+# -- program position from NVTX ------------------------------------------------------------------
+
+
+def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
+    """Per compute kernel: ``step`` (id of the step range enclosing its launch call, -1 when none),
+    ``step_text`` and ``path`` (range names from the outermost down to the innermost range
+    enclosing the launch, digits as '#'; "" when none)."""
+    n = len(compute)
+    out = pd.DataFrame({"step": np.full(n, -1, dtype=np.int64), "step_text": "", "path": ""})
+    v = trace.nvtx
+    if v.empty:
+        return out
+    r = v[(v["event_type"] == "push_pop") & v["start_ns"].notna() & v["end_ns"].notna()]
+    r = r[r["end_ns"] > r["start_ns"]]
+    if r.empty or "correlation_id" not in compute:
+        return out
+    calls = trace.launch_calls(compute[["export", "pid", "correlation_id"]].dropna())
+    calls = calls.dropna(subset=["start_ns", "correlation_id"]).drop_duplicates(["export", "pid", "correlation_id"])
+    launch = compute[["export", "pid", "correlation_id"]].merge(
+        calls[["export", "pid", "correlation_id", "tid", "start_ns"]], how="left", on=["export", "pid", "correlation_id"])
+    text = r["text"].astype(str)
+    norm = text.map(dict(zip(pd.unique(text), (re.sub(r"\d+", "#", t) for t in pd.unique(text)))))
+    r = r.assign(norm=norm.to_numpy(dtype=object), raw=text.to_numpy(dtype=object))
+    step = out["step"].to_numpy().copy()
+    step_text = np.full(n, "", dtype=object)
+    path = np.full(n, "", dtype=object)
+    points = launch.dropna(subset=["tid", "start_ns"])
+    by_thread = points.groupby(["export", "pid", "tid"]).indices
+    next_id = 0
+    for key, ranges in r.groupby(["export", "pid", "tid"]):  # threads with ranges: a handful
+        idx = by_thread.get(key)
+        if idx is None:
+            continue
+        rows = points.index.to_numpy()[idx]
+        found = _enclosing(ranges, points["start_ns"].to_numpy(dtype=np.int64)[idx])
+        inside = found["top"] >= 0
+        rows = rows[inside]
+        step[rows] = next_id + found["top"][inside]
+        step_text[rows] = found["top_text"][inside]
+        path[rows] = found["path"][inside]
+        next_id += len(ranges)
+    return pd.DataFrame({"step": step, "step_text": step_text, "path": path})
+
+
+def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
+    """For points ``t`` on one thread: the step range containing each (index in start order, -1 if
+    none), its raw text, and the normalised path down to the innermost range containing it.
+
+    The step is the outermost enclosing range whose path occurs more than once on the thread: a
+    range seen once ("Epoch 2", "Jacobi Solve") wraps the run and is not a step, and counting
+    kernels from its start would give every kernel its own position.
+
+    Push/pop ranges nest, so a range's depth is how many earlier ranges are still open at its start,
+    and the range at depth d enclosing anything after range i is the last range of depth d started
+    at or before i: one running maximum per depth level, no loop over rows.
+    """
+    r = ranges.sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="stable")
+    start = r["start_ns"].to_numpy(dtype=np.int64)
+    end = r["end_ns"].to_numpy(dtype=np.int64)
+    norm = r["norm"].to_numpy(dtype=object)
+    raw = r["raw"].to_numpy(dtype=object)
+    order = np.arange(len(r))
+    ends = np.sort(end)
+    depth = np.maximum(order - np.searchsorted(ends, start, side="right"), 0)
+    latest = np.searchsorted(start, t, side="right") - 1  # last range started at or before t
+    open_now = latest + 1 - np.searchsorted(ends, t, side="right")  # ranges with start <= t < end
+    safe = np.maximum(latest, 0)
+    paths = norm.copy()
+    parent = np.full(len(r), -1, dtype=np.int64)
+    inner = np.full(len(t), -1, dtype=np.int64)
+    levels = range(int(depth.max()) + 1)  # nesting levels, not rows
+    for d in levels:
+        last_d = np.maximum.accumulate(np.where(depth == d, order, -1))
+        child = np.flatnonzero(depth == d + 1)
+        parent[child] = last_d[child]
+        ok = child[parent[child] >= 0]
+        paths[ok] = paths[parent[ok]] + "/" + norm[ok]
+        hit = (open_now - 1 == d) & (latest >= 0)
+        inner[hit] = last_d[safe[hit]]
+    repeats = pd.Series(paths).map(pd.Series(paths).value_counts()).to_numpy() > 1
+    step = np.where(repeats, order, -1)
+    for d in levels[1:]:  # parents before children: a repeating ancestor wins over the range itself
+        at = np.flatnonzero((depth == d) & (parent >= 0))
+        above = step[parent[at]]
+        step[at] = np.where(above >= 0, above, step[at])
+    found = inner >= 0
+    top = np.where(found, step[np.maximum(inner, 0)], -1)
+    placed = top >= 0
+    return {
+        "top": top,
+        "top_text": np.where(placed, raw[np.maximum(top, 0)], ""),
+        "path": np.where(placed, paths[np.maximum(inner, 0)], ""),
+    }
+
+
+# -- baselines, clock factors, decisions -----------------------------------------------------------
+
+
+def _clean_stats(clean: pd.DataFrame, value: str) -> pd.DataFrame:
+    """Per position: n, lo/hi (10th/90th percentile; min/max up to 10 samples) and the mean of the
+    values within [lo, hi]."""
+    g = clean.groupby("pos")[value]
+    stats = pd.DataFrame({"n": g.size(), "lo": g.quantile(0.1, interpolation="lower"),
+                          "hi": g.quantile(0.9, interpolation="higher")})  # fmt: skip
+    band = clean[["pos", value]].join(stats[["lo", "hi"]], on="pos")
+    inside = band[(band[value] >= band["lo"]) & (band[value] <= band["hi"])]
+    stats["expected"] = inside.groupby("pos")[value].mean()
+    return stats
+
+
+def _clock_factors(k: pd.DataFrame, p: Params, expected: pd.Series) -> pd.Series:
+    """Per kernel: its step's clock factor, the interquartile mean of actual / ``expected`` (per
+    position) over the step's clean kernels (as robust as the median, half its noise under jitter);
+    1 where the step has too few of them or they disagree."""
+    clean = k[k["clean"]]
+    ratio = (clean["dur"] / clean["pos"].map(expected)).dropna()
+    step = clean.loc[ratio.index, "stepkey"]
+    g = ratio.groupby(step)
+    q1, q3 = step.map(g.quantile(0.25)), step.map(g.quantile(0.75))
+    factor = ratio[(ratio >= q1) & (ratio <= q3)].groupby(step).mean()
+    spread = (g.quantile(0.75) - g.quantile(0.25)) / g.median()
+    # a clock cap slows every kernel of the step alike; ratios that disagree are data, not clocks
+    trusted = (g.size() >= p.clock_kernels) & (spread <= p.baseline_spread) & ((factor - 1).abs() > p.clock_tolerance)
+    factor = factor.where(trusted, 1.0)
+    return k["stepkey"].map(factor).fillna(1.0)
+
+
+def _class_label(mask: int) -> str:
+    return " + ".join(CLASSES[i] for i in range(len(CLASSES)) if mask >> i & 1)
 
 
 @register(KIND, Params)
 def detect(trace: Trace, p: Params) -> list[Finding]:
     """Compute kernels slower while NCCL kernels or peer/host copies run on the same GPU."""
-    k = trace.kernel_columns(_COLUMNS).dropna(subset=["device"])
-    if k.empty:
+    k = judge(trace, p)
+    if k is None or not k["slowed"].any():
         return []
-    k = k.astype({"device": "int64"})
-    comm = _communication(trace, k)
-    compute = k[k["nccl_kind"].isna()].reset_index(drop=True)
+    return _episodes(trace, k, _communication(trace, trace.kernel_columns(_COLUMNS).dropna(subset=["device"])), p)
+
+
+def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
+    """Every compute kernel with its class mask (``cls``), program position (``pos``, ``path``,
+    ``ordinal``, ``step``), clock ``factor``, baseline (``expected``, ``hi``; NaN when invalid) and
+    verdict (``slowed``); None when the trace has no compute or no communication. Public so the
+    verdicts can be inspected on a real trace."""
+    kernels = trace.kernel_columns(_COLUMNS).dropna(subset=["device", "start_ns", "end_ns"])
+    if kernels.empty:
+        return None
+    kernels = kernels.astype({"device": "int64"})
+    comm = _communication(trace, kernels)
+    compute = kernels[kernels["nccl_kind"].isna()].reset_index(drop=True)
     if comm.empty or compute.empty:
-        return []
-    duration = (compute["end_ns"] - compute["start_ns"]).to_numpy()
-    share = _coverage(compute, comm) / np.maximum(duration, 1)
-    # a missing launch shape (old exports, NULLs) is its own value, not a reason to drop the kernel
-    compute = compute.assign(dur=duration, overlapped=share >= p.overlap_share, clean=share == 0,
-                             grid=compute["grid"].fillna(-1), block=compute["block"].fillna(-1))  # fmt: skip
-    keys = ["export", "device", "short_name", "grid", "block"]
-    groups = compute.groupby(keys, observed=True)
-    stats = _group_stats(compute, keys)
-    if stats.empty:
-        return []
-    stats = stats[(stats["n_over"] >= p.min_samples) & (stats["n_clean"] >= p.min_samples)]
-    stats = stats[(stats["med_over"] >= p.min_ratio * stats["med_clean"]) & (stats["med_over"] > stats["p90_clean"])]
+        return None
+    dur = (compute["end_ns"] - compute["start_ns"]).to_numpy(dtype=np.int64)
+    covered = _coverage(compute, comm)
+    share = covered / np.maximum(dur, 1)[:, None]
+    mask = ((share >= p.overlap_share) * (1 << np.arange(len(CLASSES)))).sum(axis=1)
+    k = compute.assign(dur=dur, clean=covered.sum(axis=1) == 0, cls=mask,
+                       grid=compute["grid"].fillna(-1), block=compute["block"].fillna(-1))  # fmt: skip
+    k = pd.concat([k, _positions(trace, compute)], axis=1)
+    k["sig"] = k.groupby(["name", "grid", "block"], observed=True, dropna=False).ngroup()
+    k = k.sort_values(["export", "device", "start_ns"], kind="stable")
+    placed = k["step"] >= 0
+    k["ordinal"] = np.where(placed, k.groupby(["export", "device", "sig", "step", "path"]).cumcount(), -1)
+    k["pos"] = k.groupby(["export", "device", "sig", "path", "ordinal"]).ngroup()
+    k["stepkey"] = k.groupby(["export", "device", "step"]).ngroup()
 
+    # clock factors against raw medians (a capped step's own instance cannot move a median of 3),
+    # then once more against the baselines those factors give
+    clean = k[k["clean"]].groupby("pos")["dur"]
+    k["factor"] = _clock_factors(k, p, clean.median()[clean.size() >= max(p.min_samples, 3)])
+    k["corrected"] = k["dur"] / k["factor"]
+    first = _clean_stats(k[k["clean"]], "corrected")
+    k["factor"] = _clock_factors(k, p, first["expected"][first["n"] >= max(p.min_samples, 3)])
+    k["corrected"] = k["dur"] / k["factor"]
+    stats = _clean_stats(k[k["clean"]], "corrected")
+    stats = stats[(stats["n"] >= p.min_samples) & (stats["hi"] - stats["lo"] <= p.baseline_spread * stats["expected"])]
+    k = k.join(stats[["expected", "hi"]], on="pos")
+    judged = (k["cls"] > 0) & k["expected"].notna()
+    above = (k["corrected"] >= p.min_ratio * k["expected"]) & (k["corrected"] > k["hi"] * (1 + p.clean_margin))
+    k["slowed"] = judged & above
+    return k
+
+
+def _episodes(trace: Trace, k: pd.DataFrame, comm: pd.DataFrame, p: Params) -> list[Finding]:
+    """Fold consecutive slowed instances of one signature and class in one step into findings."""
+    k = k.sort_values(["export", "device", "sig", "step", "start_ns"], kind="stable")
+    key = np.where(k["slowed"], k["cls"], -1)
+    same = k[["export", "device", "sig", "step"]].eq(k[["export", "device", "sig", "step"]].shift()).all(axis=1)
+    k["episode"] = (~same | (key != np.roll(key, 1))).cumsum()
+    s = k[k["slowed"]].copy()
+    s["extra"] = s["dur"] - s["expected"] * s["factor"]
+    s = s.join(_overlapping(s, comm), how="left")
     runs = run_ns(trace)
-    comm_by_device = {key: g for key, g in comm.groupby(["export", "device"])}
-    findings = []
-    for key, s in stats.iterrows():  # one iteration per slowed kernel group
-        export, device, name, grid, block = key
-        members = compute.iloc[groups.indices[key]]
-        over = members[members["overlapped"]]
-        what = _main_overlap(over, comm_by_device.get((export, device), comm.iloc[0:0]))
-        extra = int((s["med_over"] - s["med_clean"]) * s["n_over"])
-        run = int(runs.get(export, 0))
-        pid = int(over["pid"].mode().iloc[0])
-        rank = over["rank"].dropna()
-        findings.append(
-            Finding(
-                kind=KIND,
-                severity=severity(extra, run, p),
-                title=(f"{name} runs {s['med_over'] / s['med_clean']:.2f}x slower while {what} runs "
-                       f"({s['med_over'] / 1e3:.0f} us vs {s['med_clean'] / 1e3:.0f} us)"),  # fmt: skip
-                advice=(
-                    "Communication is taking GPU resources from this kernel. For NCCL, cap its SM use while it "
-                    "overlaps compute (NCCL_MAX_NCHANNELS / NCCL_MAX_CTAS, or a lower NCCL_NCHANNELS_PER_NET_PEER), "
-                    "or move point-to-point traffic to copy engines (cudaMemcpyPeerAsync, nsysan's P2P transport), "
-                    "which use no SMs. Otherwise schedule communication where compute is memory-light "
-                    "(bucket sizes, overlap windows)."
-                ),
-                start_ns=int(over["start_ns"].min()),
-                end_ns=int(over["end_ns"].max()),
-                impact_ns=extra,
-                rank=int(rank.iloc[0]) if len(rank) else None,
-                device=int(device),
-                pid=pid,
-                evidence={
-                    "kernel": str(name),
-                    "grid": unpack_shape(grid, block)[0] if grid >= 0 else None,
-                    "block": unpack_shape(grid, block)[1] if block >= 0 else None,
-                    "overlapped_instances": int(s["n_over"]),
-                    "clean_instances": int(s["n_clean"]),
-                    "median_overlapped_ns": round(float(s["med_over"])),
-                    "median_clean_ns": round(float(s["med_clean"])),
-                    "p90_clean_ns": round(float(s["p90_clean"])),
-                    "overlapping_communication": what,
-                    "example_overlapped_starts_ns": [int(t) for t in over["start_ns"].head(3)],
-                    "share_of_run": share_text(extra, run),
-                },
-            )
-        )
-    return findings
+    out = []
+    for _, e in s.groupby("episode", sort=False):  # one per finding
+        impact = int(round(e["extra"].sum()))
+        if impact >= p.min_impact_ns:
+            run = int(runs.get(int(e["export"].iloc[0]), 0))
+            out.append((_finding(e, impact, run), run))
+    return grade(out, p)
 
 
-def _group_stats(compute: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per kernel group: instances, median duration overlapped and clean, and the clean p90
-    (grouped aggregations, no Python per group)."""
-    over = compute[compute["overlapped"]].groupby(keys, observed=True)["dur"]
-    clean = compute[compute["clean"]].groupby(keys, observed=True)["dur"]
-    stats = pd.concat(
-        {"n_over": over.size(), "med_over": over.median(), "n_clean": clean.size(), "med_clean": clean.median(),
-         "p90_clean": clean.quantile(0.9)},
-        axis=1,
-    )  # fmt: skip
-    return stats.dropna(subset=["med_over", "med_clean"])
+def _overlapping(s: pd.DataFrame, comm: pd.DataFrame) -> pd.Series:
+    """Per slowed instance: what covered it (the latest-starting item of its class that overlaps it)."""
+    parts = []
+    for bit in range(len(CLASSES)):
+        rows = s[(s["cls"].to_numpy() >> bit & 1) == 1]
+        c = comm[comm["cls"] == bit]
+        if rows.empty or c.empty:
+            continue
+        q = pd.DataFrame({"export": rows["export"].to_numpy(), "device": rows["device"].to_numpy(),
+                          "t": rows["end_ns"].to_numpy(), "start": rows["start_ns"].to_numpy(), "row": rows.index})  # fmt: skip
+        c = c.rename(columns={"start_ns": "t"}).sort_values("t")
+        hit = pd.merge_asof(q.sort_values("t"), c[["export", "device", "t", "end_ns", "what"]], on="t",
+                            by=["export", "device"], direction="backward")  # fmt: skip
+        hit = hit[hit["end_ns"] > hit["start"]]
+        parts.append(hit.set_index("row")["what"])
+    what = pd.concat(parts) if parts else pd.Series(dtype=object)
+    return what.groupby(level=0).agg(lambda w: ", ".join(sorted(set(w)))).rename("what")
 
 
-def _main_overlap(over: pd.DataFrame, comm: pd.DataFrame) -> str:
-    """The kind of communication that covered the overlapped instances most."""
-    if over.empty or comm.empty:
-        return "communication"
-    best, best_ns = "communication", -1
-    for what, g in comm.groupby("what"):  # a handful of kinds
-        ns = int(covered_ns(over["start_ns"].to_numpy(), over["end_ns"].to_numpy(), merge(g, ["export", "device"])).sum())
-        if ns > best_ns:
-            best, best_ns = str(what), ns
-    return best
+def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
+    first = e.iloc[0]
+    name, mask = str(first["name"]), int(first["cls"])
+    grid, block = unpack_shape(first["grid"], first["block"]) if first["grid"] >= 0 and first["block"] >= 0 else (None, None)
+    cls = _class_label(mask)
+    per_instance = (e["expected"] * e["factor"]).head(_EVIDENCE_INSTANCES)
+    expected = float((e["expected"] * e["factor"]).mean())
+    actual = float(e["dur"].mean())
+    rank = first["rank"]
+    rank_text = None if pd.isna(rank) else int(rank)
+    step = str(first["step_text"]) or "the trace (no NVTX step)"
+    label = name if len(name) <= 120 else name[:117] + "..."
+    shape = f"grid {grid} block {block}" if grid else "launch shape unknown"
+    whats = sorted({w for ws in e["what"].dropna() for w in ws.split(", ")})
+    return Finding(
+        kind=KIND,
+        severity=Severity.INFO,
+        title=(f"{label} ({shape}) {actual / expected:.2f}x slower while {cls} runs: {len(e)} instance(s) in "
+               f"{step}, {actual / 1e3:.0f} us vs {expected / 1e3:.0f} us expected"),  # fmt: skip
+        advice=" ".join(_ADVICE[i] for i in range(len(CLASSES)) if mask >> i & 1),
+        start_ns=int(e["start_ns"].min()),
+        end_ns=int(e["end_ns"].max()),
+        impact_ns=impact,
+        rank=rank_text,
+        device=int(first["device"]),
+        pid=int(first["pid"]),
+        group=f"{KIND}|rank {rank_text}|device {int(first['device'])}|{name}|grid {grid}|block {block}|{cls}",
+        evidence={
+            "kernel": name,
+            "short_name": str(first["short_name"]),
+            "grid": grid,
+            "block": block,
+            "communication_class": cls,
+            "overlapping_communication": whats,
+            "step": step,
+            "nvtx_path": str(first["path"]) or None,
+            "clock_factor": round(float(first["factor"]), 3),
+            "expected_ns": round(expected),
+            "actual_ns": [int(d) for d in e["dur"].head(_EVIDENCE_INSTANCES)],
+            "expected_per_instance_ns": [round(float(x)) for x in per_instance],
+            "instances": len(e),
+            "correlation_ids": [int(c) for c in e["correlation_id"].dropna().head(_EVIDENCE_INSTANCES)],
+            "starts_ns": [int(t) for t in e["start_ns"].head(_EVIDENCE_INSTANCES)],
+            "share_of_run": share_text(impact, run),
+        },
+    )
