@@ -96,11 +96,23 @@ def report(
     from nsysan.report import analyse
     from nsysan.report.renderers import RENDERERS, render_terminal
 
+    from nsysan.diff import build_profile, capture_notes, read_manifest
+
     overrides = parse_settings(settings or [])
+    manifests = [m for m in map(read_manifest, traces) if m is not None]  # run directories of `nsysan capture`
     if output is not None and output.resolve() in {p.resolve() for p in expand_inputs(traces)}:
         raise InputError(f"{output}: is one of the input traces; choose another --output file")
     with load_trace(traces) as trace:
         doc = analyse(trace, overrides)
+        if output_format.value == "json":  # what `nsysan diff` needs from a saved baseline
+            doc["profile"] = build_profile(trace, summary=doc["summary"])
+    if manifests:
+        doc["capture"] = manifests[0] if len(manifests) == 1 else manifests
+        ranks = len({r for t in doc["traces"] for r in t["ranks"]})
+        notes = [n for m in manifests for n in capture_notes(m, ranks)]
+        doc["summary"]["limitations"][:0] = notes
+        for note in notes:
+            typer.echo(f"nsysan: warning: {note}", err=True)
     if output_format.value == "terminal":
         interactive = output is None and sys.stdout.isatty()
         text = render_terminal(doc, width=None if interactive else 160, color=interactive)
@@ -118,6 +130,89 @@ def report(
         matched = sum(Severity(f["severity"]).rank >= threshold for f in doc["findings"])
         if matched:
             raise GateFailed(f"{matched} finding(s) at {fail_on.value} or worse")
+        unclean = [m for m in manifests if m["status"] != "ok"]
+        if unclean:
+            raise GateFailed(f"the capture {unclean[0]['status']} (manifest.json): no clean run to pass the gate")
+
+
+class DiffFailOn(str, Enum):
+    new_findings = "new-findings"
+    warning = "warning"
+    critical = "critical"
+
+
+def _write(text: str, output: Optional[Path]) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{output}: cannot write ({exc.strerror})") from None
+
+
+@app.command()
+def diff(
+    before: Annotated[str, typer.Argument(help="The capture before the change: an export, a directory of per-rank "
+                                          "exports (or a capture's run directory), a glob, or a saved `report --format json`.",
+                                          show_default=False)],
+    after: Annotated[str, typer.Argument(help="The capture after the change, in any of the same forms.", show_default=False)],
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", "-f", help="terminal; json (versioned, docs/diff.md); markdown for a PR comment; html.")
+    ] = OutputFormat.terminal,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the diff to this file.")] = None,
+    fail_on_regression: Annotated[
+        Optional[str], typer.Option("--fail-on-regression", metavar="PCT", help="Exit 3 when --metric is worse by more than "
+                                    "PCT (e.g. 5%) and the per-step spread makes the change at least 95% likely to be real.")
+    ] = None,
+    metric: Annotated[str, typer.Option("--metric", help="What --fail-on-regression gates: step, busy, nccl or kernel:NAME.")] = "step",
+    fail_on: Annotated[
+        Optional[DiffFailOn], typer.Option("--fail-on", help="Exit 3 on any new finding group, or on a new or worsened one at this severity or worse.")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Compare even when the two captures are not comparable.")] = False,
+    step_pattern: Annotated[
+        Optional[str], typer.Option("--step-pattern", metavar="REGEX", help="NVTX range names that mark a step (case-insensitive); "
+                                    "default: step / iter / iteration / train_step.")
+    ] = None,
+    settings: Annotated[
+        Optional[list[str]], typer.Option("--set", metavar="KIND.PARAM=VALUE", help="Detector threshold, as for `report` (repeatable).")
+    ] = None,
+) -> None:
+    """Compare two captures of one job (before/after a change): step time, GPU time, NCCL, kernels, findings.
+
+    Example: nsysan diff runs/before/ runs/after/ --fail-on-regression 5% --format markdown -o diff.md
+    """
+    from nsysan.detect import parse_settings
+    from nsysan.diff import DEFAULT_STEP_PATTERN, NotComparable, diff_documents, gate, load_side, parse_threshold
+    from nsysan.diff.compare import METRICS
+    from nsysan.diff.render import RENDERERS, render_terminal
+
+    if metric not in METRICS and not (metric.startswith("kernel:") and len(metric) > 7):
+        raise InputError(f"--metric {metric!r}: one of step, busy, nccl, kernel:NAME")
+    threshold = parse_threshold(fail_on_regression) if fail_on_regression is not None else None
+    overrides = parse_settings(settings or [])
+    if output is not None:
+        from nsysan.ingest import expand_inputs
+
+        inputs = {Path(arg).resolve() for arg in (before, after) if Path(arg).suffix == ".json"}
+        inputs |= {p.resolve() for arg in (before, after) if Path(arg).suffix != ".json" for p in expand_inputs([arg])}
+        if output.resolve() in inputs:
+            raise InputError(f"{output}: is one of the inputs; choose another --output file")
+    sides = [load_side(arg, settings=overrides, step_pattern=step_pattern or DEFAULT_STEP_PATTERN) for arg in (before, after)]
+    doc = diff_documents(*sides, labels=(before, after))
+    if not doc["comparable"]["ok"] and not force:
+        raise NotComparable("not comparable: " + "; ".join(doc["comparable"]["reasons"]) + " (--force compares them anyway)")
+    verdict = gate(doc, *sides, threshold=threshold, metric=metric, fail_on=fail_on.value if fail_on else None)
+    if threshold is not None or fail_on is not None:
+        doc["gate"] = verdict
+    if output_format.value == "terminal":
+        interactive = output is None and sys.stdout.isatty()
+        text = render_terminal(doc, width=None if interactive else 160, color=interactive)
+    else:
+        text = RENDERERS[output_format.value](doc)
+    _write(text, output)
+    if verdict["failed"]:
+        raise GateFailed("; ".join(verdict["reasons"]))
 
 
 @app.command()

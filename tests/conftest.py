@@ -38,7 +38,10 @@ def realtraces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     src = realtraces_dir()
     files = sorted(src.glob("*.sqlite.xz")) if src.is_dir() else []
     need(bool(files), f"the real traces in {src}")
-    out = tmp_path_factory.mktemp("realtraces")
+    return _decompress(files, tmp_path_factory.mktemp("realtraces"))
+
+
+def _decompress(files: list[Path], out: Path) -> dict[str, Path]:
     traces = {}
     for f in files:
         name = f.name.removesuffix(".sqlite.xz")
@@ -47,6 +50,20 @@ def realtraces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             shutil.copyfileobj(fin, fout)
         traces[name] = target
     return traces
+
+
+NSYS_AI_PREFIX = "GindaChen__nsys-ai__"
+
+
+@pytest.fixture(scope="session")
+def nsysai_traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The real multi-GPU exports of ../shared/realtraces/nsys-ai (nsys 2026.x, 2x H100),
+    decompressed once per session: short name (``mfu_2gpu_before``...) -> path."""
+    src = realtraces_dir() / "nsys-ai"
+    files = sorted(src.glob("*.sqlite.xz")) if src.is_dir() else []
+    need(bool(files), f"the real traces in {src}")
+    traces = _decompress(files, tmp_path_factory.mktemp("nsysai"))
+    return {name.removeprefix(NSYS_AI_PREFIX): path for name, path in traces.items()}
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""Two captures of one job, before and after a fix: which findings went, which came, which stayed,
-and how the step time (NVTX ranges named ``step…``) changed."""
+"""Two captures of one job, before and after a fix, through ``nsysan diff``'s comparison (the store's
+``compare``): step time with its confidence, finding groups fixed, new and unchanged, and the same
+tables the CLI prints (GPU time per rank, NCCL, copies, kernel deltas, capture differences)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from dash import Input, Output, dcc, html
 from dashboards import ids
 from dashboards.app import Server
 from dashboards.pages.common import duration, severity_badge, where
-from nsysan.store import NotFound
+from nsysan.diff.render import change, confidence, notes, sections
+from nsysan.errors import InputError
+
+_FINDINGS_TABLE = "Findings:"  # shown as the three columns instead
 
 
 def layout(server: Server, before: int | None = None, after: int | None = None) -> html.Div:
     options = [{"label": f"{t['id']}: {t['name']}", "value": t["id"]} for t in server.store.traces() if t["status"] == "ready"]
     return html.Div([
         html.H1("Compare two captures"),
-        html.P("Pick the capture from before a fix and the one from after it.", className="hint"),
+        html.P("Pick the capture from before a fix and the one from after it (the same comparison as `nsysan diff`).", className="hint"),
         html.Div(className="filters", children=[
             dcc.Dropdown(id=ids.COMPARE_BEFORE, options=options, value=before, placeholder="before", className="filter"),
             dcc.Dropdown(id=ids.COMPARE_AFTER, options=options, value=after, placeholder="after", className="filter"),
@@ -40,25 +44,46 @@ def _result(server: Server, before: int | None, after: int | None) -> Any:
     try:
         c = server.store.compare(before, after)
         names = [server.store.trace(t)["name"] for t in (before, after)]
-    except NotFound as exc:
+    except InputError as exc:
         return html.P(str(exc), className="error")
+    doc = c.diff or {}
+    slowest = doc["steps"]["slowest"]
     if c.step_ns_before and c.step_ns_after:
-        change = (c.step_ns_after - c.step_ns_before) / c.step_ns_before
-        step = f"{duration(c.step_ns_before)} → {duration(c.step_ns_after)} ({change:+.1%})"
+        step = change(slowest)
     else:
-        step = f"{duration(c.step_ns_before)} → {duration(c.step_ns_after)} (needs NVTX ranges named step… in both)"
+        step = (f"{duration(c.step_ns_before)} → {duration(c.step_ns_after)} "
+                "(needs NVTX step ranges or a repeating kernel sequence in both)")
     return html.Div([
-        html.P([html.B("Step time: "), html.Span(step, id="step-change")]),
+        html.P([html.B("Step time (slowest rank's median): "), html.Span(step, id="step-change"),
+                html.Small(f" confidence {confidence(slowest['confidence'])}", className="hint")]),
+        html.Ul([html.Li(line, className="error" if line.startswith("not comparable") else "hint") for line in notes(doc)]),
         html.Div(className="columns compare", children=[
             _column(f"Fixed ({len(c.fixed)})", "fixed", c.fixed, f"in {names[0]}, gone from {names[1]}"),
             _column(f"New ({len(c.new)})", "new", c.new, f"in {names[1]} only"),
-            _column(f"Unchanged ({len(c.unchanged)})", "unchanged", c.unchanged, "in both (as found after)"),
+            _column(f"Unchanged ({len(c.unchanged)})", "unchanged", c.unchanged,
+                    "in both, matched by group and evidence (as found after)"),
         ]),
+        *[_table(t) for t in sections(doc) if not t.title.startswith(_FINDINGS_TABLE)],
     ])  # fmt: skip
+
+
+def _impact(f: dict[str, Any]) -> str:
+    if "impact_before_ns" in f:
+        return f"impact {duration(f['impact_before_ns'])} → {duration(f['impact_ns'])}"
+    return f"impact {duration(f['impact_ns'])}"
 
 
 def _column(title: str, key: str, findings: list[dict[str, Any]], explain: str) -> html.Div:
     items = [html.Li([severity_badge(f["severity"]), " ", dcc.Link(f["title"], href=f"/findings/{f['id']}"),
-                      html.Small(f" ({f['kind']}, {where(f)}, impact {duration(f['impact_ns'])})")]) for f in findings]  # fmt: skip
+                      html.Small(f" ({f['kind']}, {where(f)}, {f['count']} occurrence{'s' if f['count'] != 1 else ''}, "
+                                 f"{_impact(f)})")]) for f in findings]  # fmt: skip
     return html.Div(className=f"column {key}", children=[html.H2(title), html.P(explain, className="hint"),
                                                           html.Ul(items) if items else html.P("none", className="hint")])  # fmt: skip
+
+
+def _table(t: Any) -> html.Div:
+    if not t.rows:
+        return html.Div([html.H3(t.title), html.P(t.empty, className="hint")], className="diff-table")
+    return html.Div([html.H3(t.title), html.Table([html.Thead(html.Tr([html.Th(h) for h in t.headers])),
+                                                   html.Tbody([html.Tr([html.Td(v) for v in row]) for row in t.rows])])],
+                    className="diff-table")  # fmt: skip

@@ -49,11 +49,15 @@ def store_url(url_or_path: str | os.PathLike[str] | None) -> str:
 
 @dataclass(frozen=True)
 class Comparison:
+    """Finding groups fixed, new and unchanged (each as its worst stored finding), the slowest
+    rank's median step time, and the whole diff document (nsysan.diff, docs/diff.md)."""
+
     fixed: list[dict[str, Any]]
     new: list[dict[str, Any]]
     unchanged: list[dict[str, Any]]
     step_ns_before: float | None
     step_ns_after: float | None
+    diff: dict[str, Any] | None = None
 
 
 class ReviewStore:
@@ -248,18 +252,26 @@ class ReviewStore:
     # -- compare --------------------------------------------------------------------------------
 
     def compare(self, before: int, after: int) -> Comparison:
-        """Two captures of one job (before/after a fix): findings fixed, new, unchanged, step time."""
-        a, b = self.findings(before), self.findings(after)
-        key = lambda f: (f["kind"], f["rank"], f["device"])  # noqa: E731 - the identity of a problem
-        keys_a, keys_b = {key(f) for f in a}, {key(f) for f in b}
-        with self.session() as s:
-            steps = [_step_ns(self._trace(s, t).summary) for t in (before, after)]
+        """Two captures of one job (before/after a fix) through ``nsysan diff``'s own comparison:
+        the stored findings matched by group and evidence, and the figures of both traces."""
+        from nsysan.diff import diff_documents, profile_files
+
+        sides = []
+        for trace_id in (before, after):
+            findings = self.findings(trace_id)
+            with self.session() as s:
+                paths = list(self._trace(s, trace_id).paths)
+            sides.append({"findings": findings, "profile": profile_files(paths)})
+        doc = diff_documents(*sides, labels=tuple(self.trace(t)["name"] for t in (before, after)))  # type: ignore[arg-type]
+        f = doc["findings"]
+        steps = doc["steps"]["slowest"]
         return Comparison(
-            fixed=[f for f in a if key(f) not in keys_b],
-            new=[f for f in b if key(f) not in keys_a],
-            unchanged=[f for f in b if key(f) in keys_a],
-            step_ns_before=steps[0],
-            step_ns_after=steps[1],
+            fixed=[g["worst"] | {"count": g["count"]} for g in f["fixed"]],
+            new=[g["worst"] | {"count": g["count"]} for g in f["new"]],
+            unchanged=[g["worst"] | {"count": g["count"], "impact_before_ns": g["before"]["impact_ns"]} for g in f["unchanged"]],
+            step_ns_before=steps["before"],
+            step_ns_after=steps["after"],
+            diff=doc,
         )
 
 

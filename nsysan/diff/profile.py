@@ -1,0 +1,296 @@
+"""The diff profile of one capture: the figures two captures are compared on, as JSON-ready data.
+
+``nsysan report --format json`` stores it under ``profile``, so a saved report is a baseline a CI
+job can diff against without keeping the trace. Everything is computed per rank and vectorised.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from nsysan.ingest.export import NsysExport
+from nsysan.ingest.frames import NVTX_RANGE_TYPES
+from nsysan.ingest.trace import Trace
+from nsysan.intervals import union_ns
+from nsysan.overview import attach_nccl_bytes, copy_table
+
+PROFILE_VERSION = 1
+DEFAULT_STEP_PATTERN = r"^\s*(train[_ ]?)?(step|iter|iteration)\b"
+"""NVTX range names that mark one training step (case-insensitive regular expression)."""
+
+MIN_PERIOD_MATCH = 0.9  # share of kernels that must repeat one period later for a kernel-sequence step
+_CANDIDATE_PERIODS = 24
+_MAX_REPEATS_PER_PERIOD = 8  # a period is found when some kernel occurs at most this often in it
+# META_DATA_CAPTURE rows that differ on every run (ids, durations, times), not capture options
+_VOLATILE_OPTION = re.compile(r"UUID|DURATION|TIME|DATE|HOST|PID$", re.IGNORECASE)
+_KERNEL_COLUMNS = ("pid", "device", "start_ns", "end_ns", "name", "short_name", "grid", "block")
+
+
+def _grid(packed: int) -> str:
+    return f"{packed >> 32}x{(packed >> 16) & 0xFFFF}x{packed & 0xFFFF}"
+
+
+def _block(packed: int) -> str:
+    return f"{packed >> 22}x{(packed >> 11) & 0x7FF}x{packed & 0x7FF}"
+
+
+def _kernels(trace: Trace) -> pd.DataFrame:
+    """Kernels of known ranks with ``signature``: demangled name, grid and block as one string,
+    built once per distinct signature (categorical), not once per kernel."""
+    k = trace.kernel_columns(_KERNEL_COLUMNS)
+    k = k[k["rank"].notna()] if len(k) else k
+    if k.empty:
+        return k.assign(signature=pd.Series(dtype=object), shape=pd.Series(dtype=object))
+    name = k["name"].astype(object).fillna(k["short_name"].astype(object)).astype(str)
+    keys = pd.DataFrame({"name": name, "grid": k["grid"].fillna(0).astype("int64"), "block": k["block"].fillna(0).astype("int64")})
+    codes = keys.groupby(["name", "grid", "block"], sort=False).ngroup().to_numpy()
+    first = keys.drop_duplicates()
+    shapes = np.array([f"grid {_grid(g)} block {_block(b)}" for g, b in zip(first["grid"], first["block"])], dtype=object)
+    labels = first["name"].to_numpy(dtype=object) + " | " + shapes
+    return k.assign(signature=pd.Categorical.from_codes(codes, categories=pd.Index(labels)), shape=shapes[codes])
+
+
+def kernel_table(k: pd.DataFrame) -> list[dict[str, Any]]:
+    """Every kernel signature (demangled name, grid, block) with its count and total time."""
+    if k.empty:
+        return []
+    d = k.assign(dur=k["end_ns"] - k["start_ns"], nccl=k["nccl_kind"].notna())
+    g = d.groupby("signature", observed=True, sort=False).agg(
+        short_name=("short_name", "first"), shape=("shape", "first"), nccl=("nccl", "first"),
+        count=("dur", "size"), total_ns=("dur", "sum"),
+    )  # fmt: skip
+    g = g.sort_values("total_ns", ascending=False).reset_index()
+    g["short_name"] = g["short_name"].astype(str)
+    g["signature"] = g["signature"].astype(str)
+    return [
+        {"signature": s, "short_name": n, "shape": sh, "nccl": bool(c), "count": int(cnt), "total_ns": int(t)}
+        for s, n, sh, c, cnt, t in zip(g["signature"], g["short_name"], g["shape"], g["nccl"], g["count"], g["total_ns"])
+    ]
+
+
+def _nvtx_steps(trace: Trace, pattern: str) -> pd.DataFrame:
+    """Outermost NVTX ranges whose name matches ``pattern``: one row per (rank, step)."""
+    v = trace.nvtx
+    if v.empty:
+        return pd.DataFrame(columns=["rank", "start_ns", "end_ns"])
+    ranges = v[v["event_type"].isin(NVTX_RANGE_TYPES) & v["end_ns"].notna() & v["rank"].notna()]
+    names = ranges["text"].astype(object).fillna("").astype(str)
+    rx = re.compile(pattern, re.IGNORECASE)
+    distinct = pd.Series(names.unique())
+    hits = set(distinct[distinct.map(lambda s: bool(rx.search(s)))])
+    r = ranges[names.isin(hits)].sort_values(["rank", "pid", "tid", "start_ns"])
+    if r.empty:
+        return pd.DataFrame(columns=["rank", "start_ns", "end_ns"])
+    # a step range inside another one (same thread) is a sub-step: keep the outermost
+    prev_end = r.groupby(["rank", "pid", "tid"])["end_ns"].transform(lambda e: e.cummax().shift(1))
+    outer = r[prev_end.isna() | (r["end_ns"] > prev_end)]
+    return outer[["rank", "start_ns", "end_ns"]].astype("int64").reset_index(drop=True)
+
+
+def _period(codes: np.ndarray) -> int | None:
+    """The smallest number of kernels after which the sequence repeats itself (>= 90% of positions
+    equal one period later), or None. Candidates come from the gaps between repeats of each
+    kernel, so only a few lengths are tested, each in one vectorised comparison."""
+    n = len(codes)
+    if n < 6:
+        return None
+    order = np.argsort(codes, kind="stable")  # positions grouped by signature, ascending within each
+    sorted_codes = codes[order]
+    spans = []
+    for c in range(1, _MAX_REPEATS_PER_PERIOD + 1):  # a kernel run c times per period recurs c positions later
+        same = sorted_codes[c:] == sorted_codes[:-c]
+        spans.append((order[c:] - order[:-c])[same])
+    values, counts = np.unique(np.concatenate(spans), return_counts=True)
+    keep = (values >= 2) & (values * 3 <= n)
+    best = values[keep][np.argsort(-counts[keep], kind="stable")][:_CANDIDATE_PERIODS]
+    for p in np.sort(best):
+        if np.mean(codes[p:] == codes[:-p]) >= MIN_PERIOD_MATCH:
+            return int(p)
+    return None
+
+
+def _sequence_steps(k: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """Steps from a repeating kernel sequence: per rank, the compute kernels (NCCL ones run on
+    other streams and interleave) in start order, the period of their signatures, and one anchor
+    kernel that occurs once per period; a step is one anchor start to the next."""
+    compute = k[k["nccl_kind"].isna()] if len(k) else k
+    rows, anchors = [], []
+    for rank, g in compute.sort_values(["rank", "start_ns"], kind="stable").groupby("rank"):
+        codes, uniques = pd.factorize(g["signature"])
+        p = _period(codes)
+        if p is None:
+            continue
+        counts = np.bincount(codes, minlength=len(uniques))
+        once = [c for c in dict.fromkeys(codes[:p]) if abs(counts[c] * p - len(codes)) <= p]
+        if once:  # the heaviest kernel that runs once per period marks where a step starts
+            dur = np.bincount(codes, weights=(g["end_ns"] - g["start_ns"]).to_numpy(), minlength=len(uniques))
+            idx = np.flatnonzero(codes == max(once, key=lambda c: dur[c]))
+        else:  # every kernel repeats within the period: start periods where the sequence agrees best
+            table = codes[: len(codes) // p * p].reshape(-1, p)
+            offset = int(np.argmax((table == table[1]).mean(axis=0)))  # row 1: a prologue may spoil row 0
+            idx = np.arange(offset, len(codes), p)
+            idx = idx[codes[idx] == table[1, offset]]
+        starts = g["start_ns"].to_numpy()[idx]
+        regular = np.diff(idx) == p  # a missing or extra kernel breaks that step: leave it out
+        if regular.sum() < 2:
+            continue
+        rows.append(pd.DataFrame({"rank": int(rank), "start_ns": starts[:-1][regular], "end_ns": starts[1:][regular]}))
+        first = int(idx[0])
+        anchors.append(f"{g['short_name'].iloc[first]} ({g['shape'].iloc[first]}) "
+                       + (f"once every {p} compute kernels" if once else f"starting each period of {p} compute kernels"))
+    if not rows:
+        return pd.DataFrame(columns=["rank", "start_ns", "end_ns"]), None
+    return pd.concat(rows, ignore_index=True), "; ".join(dict.fromkeys(anchors))
+
+
+def _per_step(trace: Trace, k: pd.DataFrame, steps: pd.DataFrame) -> dict[str, dict[str, list[float]]]:
+    """Per rank and step: duration, GPU busy share and NCCL kernel time of the work that started
+    inside the step (searchsorted into the rank's step windows)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    cols = ["rank", "start_ns", "end_ns"]
+    activity = _activity(trace, k)
+    nccl = k[k["nccl_kind"].notna()] if len(k) else k
+    for rank, s in steps.groupby("rank"):
+        s = s.sort_values("start_ns")
+        starts, ends = s["start_ns"].to_numpy(), s["end_ns"].to_numpy()
+        length = ends - starts
+
+        def window(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+            f = frame[frame["rank"] == rank]
+            i = np.searchsorted(starts, f["start_ns"].to_numpy(), side="right") - 1
+            ok = (i >= 0) & (f["start_ns"].to_numpy() < ends[i.clip(0)])
+            return f[ok], i[ok]
+
+        a, ia = window(activity)
+        devices = max(a["device"].nunique(), 1)
+        busy = union_ns(a.assign(step=ia), ["step", "device"])
+        busy = busy.groupby(level="step").sum().reindex(range(len(s)), fill_value=0) if len(busy) else pd.Series(0, index=range(len(s)))
+        n, i_n = window(nccl)
+        nccl_ns = np.bincount(i_n, weights=(n["end_ns"] - n["start_ns"]).to_numpy(), minlength=len(s)) if len(n) else np.zeros(len(s))
+        out[str(int(rank))] = {
+            "step_ns": length.astype(float).tolist(),
+            "busy_pct": (100.0 * busy.to_numpy() / np.maximum(length * devices, 1)).round(3).tolist(),
+            "nccl_ns": nccl_ns.tolist(),
+        }
+    return out
+
+
+def _activity(trace: Trace, k: pd.DataFrame) -> pd.DataFrame:
+    """Kernel, memcpy and memset intervals of known ranks and devices."""
+    cols = ["rank", "device", "start_ns", "end_ns"]
+    parts = [f[cols] for f in (k, trace.memcpy, trace.memset) if len(f)]
+    if not parts:
+        return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
+    return pd.concat(parts, ignore_index=True).dropna().astype("int64")
+
+
+def _rank_table(trace: Trace, k: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per rank: GPU busy time (union of kernels and copies per device, summed over the rank's
+    devices), span, idle share (of span x devices), kernel, NCCL and copy time."""
+    a = _activity(trace, k)
+    if a.empty:
+        return []
+    m = trace.memcpy[trace.memcpy["rank"].notna()] if len(trace.memcpy) else trace.memcpy
+    span = a.groupby("rank").agg(first=("start_ns", "min"), last=("end_ns", "max"))
+    busy = union_ns(a, ["rank", "device"]).groupby(level="rank").sum().reindex(span.index, fill_value=0)
+    devices = a[["rank", "device"]].drop_duplicates().sort_values("device").groupby("rank")["device"].agg(list).to_dict()
+
+    def dur(f: pd.DataFrame) -> pd.Series:
+        return (f["end_ns"] - f["start_ns"]).groupby(f["rank"].astype("int64")).sum() if len(f) else pd.Series(dtype="int64")
+
+    nccl = k[k["nccl_kind"].notna()] if len(k) else k
+    t = pd.DataFrame({"span_ns": span["last"] - span["first"], "busy_ns": busy, "kernel_ns": dur(k),
+                      "nccl_ns": dur(nccl), "copy_ns": dur(m)}).fillna(0).astype("int64")  # fmt: skip
+    width = t["span_ns"] * pd.Series({r: len(d) for r, d in devices.items()}).reindex(t.index, fill_value=1)
+    t["idle_pct"] = (100.0 * (1 - t["busy_ns"] / width.clip(lower=1))).round(3)
+    return [{"rank": int(r), "devices": devices.get(r, []), **{c: (float(v) if c == "idle_pct" else int(v)) for c, v in row.items()}}
+            for r, row in t.iterrows()]  # fmt: skip
+
+
+def _nccl_table(trace: Trace, k: pd.DataFrame) -> list[dict[str, Any]]:
+    nccl = k[k["nccl_kind"].notna()] if len(k) else k
+    if nccl.empty:
+        return []
+    sized = attach_nccl_bytes(trace.kernel_columns(("pid", "correlation_id", "start_ns", "end_ns", "short_name")).loc[nccl.index], trace)
+    size = sized["nccl_bytes"].astype("Int64").astype(object).where(sized["nccl_bytes"].notna(), "unknown")
+    d = sized.assign(dur=sized["end_ns"] - sized["start_ns"], bytes=size.astype(str))
+    g = d.groupby(["nccl_kind", "nccl_op", "bytes"], observed=True).agg(count=("dur", "size"), total_ns=("dur", "sum")).reset_index()
+    return [{"kind": str(a), "op": str(o), "bytes": b, "count": int(c), "total_ns": int(t)}
+            for a, o, b, c, t in zip(g["nccl_kind"], g["nccl_op"], g["bytes"], g["count"], g["total_ns"])]  # fmt: skip
+
+
+def _capture(trace: Trace) -> dict[str, Any]:
+    """What the exports say about how they were captured: versions, graph trace mode, the
+    launched command and its environment (newer exports record them in META_DATA_CAPTURE)."""
+    options: dict[str, str] = {}
+    command: list[str] = []
+    env: dict[str, str] = {}
+    for e in trace.exports:
+        with NsysExport(e.path) as x:
+            if {"name", "value"} <= set(x.columns("META_DATA_CAPTURE")):
+                rows = x.query("SELECT name, value FROM META_DATA_CAPTURE")
+                for name, value in zip(rows["name"].astype(str), rows["value"].astype(str)):
+                    if name == "PROCESS_0:COMMAND" or re.fullmatch(r"PROCESS_0:ARGUMENT_\d+", name):
+                        if not options.get("_command_done"):
+                            command.append(value)
+                    elif not name.startswith("PROCESS_"):
+                        options.setdefault(name, value)
+                options["_command_done"] = "1"
+            env = env or x.capture_env()
+    options.pop("_command_done", None)
+    options = {n: v for n, v in options.items() if not _VOLATILE_OPTION.search(n)}
+    graph_mode = options.get("CUDA_GRAPH_TRACE_OPTIONS:MODE", "").lower() or None
+    if graph_mode is None and len(trace.graph_launches):  # older exports: graph mode leaves no kernel a node id
+        graph_mode = "graph" if trace.kernel_columns(("graph_node_id",))["graph_node_id"].isna().all() else "node"
+    return {
+        "nsys_versions": sorted({e.nsys_version for e in trace.exports if e.nsys_version}),
+        "schema_versions": sorted({e.schema_version for e in trace.exports if e.schema_version}),
+        "graph_trace": graph_mode,
+        "command": command or None,
+        "environment": {n: v for n, v in sorted(env.items()) if n.startswith(("NCCL_", "CUDA_", "TORCH_"))},
+        "options": options,
+    }
+
+
+def build_profile(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN,
+                  summary: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The diff profile of ``trace`` (see the module docstring and docs/diff.md). ``summary``, the
+    report document's, lends its NCCL and copy tables, which are costly to compute twice."""
+    try:
+        re.compile(step_pattern)
+    except re.error as exc:
+        from nsysan.errors import InputError
+
+        raise InputError(f"--step-pattern {step_pattern!r}: not a regular expression ({exc})") from None
+    k = _kernels(trace)
+    steps = _nvtx_steps(trace, step_pattern)
+    source, detail = ("nvtx", f"NVTX ranges matching {step_pattern!r}") if len(steps) else (None, None)
+    if steps.empty and len(k):
+        steps, detail = _sequence_steps(k)
+        source = "kernel sequence" if detail else None
+    ranks = trace.ranks
+    m = trace.memcpy
+    if summary is not None:
+        nccl = [{"kind": r["kind"], "op": r["op"], "bytes": str(r["bytes"]), "count": r["count"], "total_ns": r["total_ns"]}
+                for r in summary["nccl"]]  # fmt: skip
+        copies = [{k: r[k] for k in ("copy_kind", "count", "bytes", "total_ns")} for r in summary["copies"]]
+    else:
+        nccl = _nccl_table(trace, k)
+        copies = [{"copy_kind": str(r.copy_kind), "count": int(r.count), "bytes": int(r.bytes), "total_ns": int(r.total_ns)}
+                  for r in copy_table(trace).itertuples()]  # fmt: skip
+    return {
+        "version": PROFILE_VERSION,
+        "ranks": sorted(int(r) for r in ranks["rank"].dropna().unique()),
+        "rank_sources": sorted(str(x) for x in ranks["rank_source"].dropna().unique()) if "rank_source" in ranks else [],
+        "devices": sorted(int(d) for d in pd.concat([k["device"], m["device"]]).dropna().unique()),
+        "capture": _capture(trace),
+        "steps": {"source": source, "detail": detail, "per_rank": _per_step(trace, k, steps) if len(steps) else {}},
+        "ranks_table": _rank_table(trace, k),
+        "kernels": kernel_table(k),
+        "nccl": nccl,
+        "copies": copies,
+    }

@@ -1,0 +1,198 @@
+"""The diff document as terminal text (rich), JSON, Markdown or HTML. Formatting only: every
+format shows the same tables, built once by :func:`sections`."""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table as RichTable
+from rich.text import Text
+
+from nsysan.report import format as fmt
+from nsysan.report.sections import Table
+
+FORMATS = ("terminal", "json", "markdown", "html")
+
+
+def _num(v: Any, unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "ns":
+        return fmt.duration(v)
+    if unit == "%":
+        return f"{float(v):.1f}%"
+    if unit == "B":
+        return fmt.size(v)
+    return f"{v:,}" if isinstance(v, int) else f"{v:.4g}"
+
+
+def change(d: dict[str, Any], unit: str = "ns") -> str:
+    """'8.81 ms → 3.96 ms (-55.0%)': before, after and the relative change."""
+    text = f"{_num(d['before'], unit)} → {_num(d['after'], unit)}"
+    if unit == "%" and d["delta"] is not None:
+        return text + f" ({d['delta']:+.1f} points)"
+    return text + (f" ({d['pct'] / 100:+.1%})" if d.get("pct") is not None else "")
+
+
+def _cells(d: dict[str, Any], unit: str) -> tuple[str, str, str, str]:
+    delta = d["delta"]
+    sign = "" if delta is None or delta <= 0 else "+"
+    dtext = "-" if delta is None else (f"{sign}{delta:.1f} pt" if unit == "%" else sign + _num(delta, unit))
+    if unit == "%":
+        return _num(d["before"], unit), _num(d["after"], unit), dtext, ""
+    pct = "new" if d["before"] in (None, 0) and d["after"] else "gone" if d["after"] in (None, 0) and d["before"] else \
+        ("-" if d["pct"] is None else f"{d['pct']:+.1f}%")  # fmt: skip
+    return _num(d["before"], unit), _num(d["after"], unit), dtext, pct
+
+
+def confidence(c: float | None) -> str:
+    """How likely the change is real, from the per-step spread ('-' without samples)."""
+    if c is None:
+        return "-"
+    return ">99.9%" if c >= 0.9995 else f"{100 * c:.1f}%"
+
+
+def headline(doc: dict[str, Any]) -> str:
+    s, f = doc["steps"]["slowest"], doc["findings"]
+    known = s["before"] is not None and s["after"] is not None
+    parts = [f"step {change(s)}, confidence {confidence(s['confidence'])}" if known else "step time unknown"]
+    parts.append(f"findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} unchanged")
+    return " · ".join(parts)
+
+
+_RANK_FIGURES = (("busy", "busy_ns", "ns"), ("idle share", "idle_pct", "%"), ("kernel time", "kernel_ns", "ns"),
+                 ("NCCL time", "nccl_ns", "ns"), ("copy time", "copy_ns", "ns"), ("span", "span_ns", "ns"))  # fmt: skip
+
+
+def sections(doc: dict[str, Any]) -> list[Table]:
+    """The diff's tables as display strings, shared by every format and the dashboard."""
+    st = doc["steps"]
+    out = []
+    s = st["slowest"]
+    source = st["source"]
+    src = source["before"] if source["before"] == source["after"] else f"{source['before']} / {source['after']}"
+    out.append(Table("Step time (" + (src or "no steps found") + ")",
+                     ("rank", "steps", "median before", "median after", "Δ", "Δ %", "p90 before", "p90 after", "p90 Δ %"),
+                     [(str(r["rank"]), f"{r['before']['steps']} → {r['after']['steps']}", *_cells(r["median"], "ns"),
+                       *_cells(r["p90"], "ns")[:2], _cells(r["p90"], "ns")[3]) for r in st["per_rank"]]
+                     + ([("slowest", f"rank {s['rank_before']} → {s['rank_after']}", *_cells(s, "ns"), "", "", "")]
+                        if s["before"] is not None else []),
+                     empty="no NVTX step ranges and no repeating kernel sequence in one or both captures"))  # fmt: skip
+    out.append(Table("GPU time per rank", ("rank", "figure", "before", "after", "Δ", "Δ %"),
+                     [(str(r["rank"]), label, *_cells(r[key], unit)) for r in doc["ranks"]
+                      for label, key, unit in _RANK_FIGURES],
+                     empty="no GPU activity"))  # fmt: skip
+    out.append(Table("NCCL time by operation and size", ("kind", "operation", "size", "count", "total before", "total after", "Δ", "Δ %"),
+                     [(r["kind"], r["op"], fmt.size(r["bytes"]), f"{_num(r['count']['before'], '')} → {_num(r['count']['after'], '')}",
+                       *_cells(r["total_ns"], "ns")) for r in doc["nccl"]], empty="no NCCL kernels"))  # fmt: skip
+    out.append(Table("Memory copies", ("kind", "count", "bytes before", "bytes after", "total before", "total after", "Δ", "Δ %"),
+                     [(r["copy_kind"], f"{_num(r['count']['before'], '')} → {_num(r['count']['after'], '')}",
+                       _num(r["bytes"]["before"], "B"), _num(r["bytes"]["after"], "B"), *_cells(r["total_ns"], "ns"))
+                      for r in doc["copies"]], empty="no copies"))  # fmt: skip
+    k = doc["kernels"]
+    kernel_headers = ("kernel", "grid / block", "count", "total before", "total after", "Δ", "Δ %", "mean per call")
+    krow = lambda r: (r["short_name"], r["shape"].replace("grid ", "").replace(" block ", " / "),  # noqa: E731
+                      f"{_num(r['count']['before'], '')} → {_num(r['count']['after'], '')}", *_cells(r["total_ns"], "ns"),
+                      change(r["mean_ns"]) if r["mean_ns"]["before"] and r["mean_ns"]["after"] else "-")
+    out.append(Table("Kernel regressions (by total time)", kernel_headers, [krow(r) for r in k["regressions"]], empty="none"))
+    out.append(Table("Kernel improvements (by total time)", kernel_headers, [krow(r) for r in k["improvements"]], empty="none"))
+    out.append(Table(f"Kernels that appeared ({k['appeared_total']}) or vanished ({k['vanished_total']})", ("", *kernel_headers),
+                     [("appeared", *krow(r)) for r in k["appeared"]] + [("vanished", *krow(r)) for r in k["vanished"]],
+                     empty="the same kernel signatures ran in both"))  # fmt: skip
+    f = doc["findings"]
+    frow = lambda state, g, d: (state, g["severity"], g["kind"], g["title"], f"{g['count']}", d)  # noqa: E731
+    rows = [frow("fixed", g, fmt.duration(g["impact_ns"]) + " → 0") for g in f["fixed"]]
+    rows += [frow("new", g, "0 → " + fmt.duration(g["impact_ns"])) for g in f["new"]]
+    rows += [frow("unchanged", g, change(g["impact"]) + f" (by {g['matched_by']})") for g in f["unchanged"]]
+    out.append(Table(f"Findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} unchanged (by group)",
+                     ("", "severity", "kind", "worst occurrence", "occurrences", "impact"), rows,
+                     empty="no findings in either"))  # fmt: skip
+    c = doc["capture"]
+    crow = [(item["name"], kind, str(item["before"]), str(item["after"]))
+            for kind in ("command", "environment", "nsys_options") for item in c[kind]]  # fmt: skip
+    out.append(Table("How the two were captured: differences", ("name", "what", "before", "after"), crow,
+                     empty="same command, NCCL_/CUDA_/TORCH_ environment and nsys options (as far as recorded)"))  # fmt: skip
+    return out
+
+
+def notes(doc: dict[str, Any]) -> list[str]:
+    lines = [f"not comparable: {r}" for r in doc["comparable"]["reasons"]] + list(doc["comparable"]["notes"])
+    st = doc["steps"]["detail"]
+    for side in ("before", "after"):
+        if st[side]:
+            lines.append(f"steps {side}: {st[side]}")
+    g = doc.get("gate")
+    if g:
+        r = g.get("regression")
+        if r:
+            worse = "-" if r["worse_pct"] is None else f"{r['worse_pct']:+.1f}%"
+            lines.append(f"gate: {r['metric']} {_num(r['before'], r['unit'])} → {_num(r['after'], r['unit'])}, worse by {worse} "
+                         f"(threshold {r['threshold_pct']:g}%, confidence it is worse {confidence(r['confidence_worse'])})")  # fmt: skip
+        lines.append("gate: FAILED: " + "; ".join(g["reasons"]) if g["failed"] else "gate: passed")
+    return lines
+
+
+def render_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = False) -> str:
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, force_terminal=color, no_color=not color, highlight=False)
+    console.rule(Text(f"nsysan diff · {doc['before']['label']} → {doc['after']['label']}"))
+    console.print(Text(headline(doc), style="bold"))
+    for line in notes(doc):
+        console.print(Text(f"  - {line}"))
+    for t in sections(doc):
+        if not t.rows:
+            console.print(Text(f"{t.title}: {t.empty}", style="bold"))
+            continue
+        table = RichTable(title=Text(t.title), title_justify="left", title_style="bold")
+        for h in t.headers:
+            table.add_column(Text(h), overflow="fold")
+        for row in t.rows:
+            table.add_row(*(Text(c) for c in row))
+        console.print(table)
+    return buf.getvalue()
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    out = ["# nsysan diff", "", f"`{doc['before']['label']}` → `{doc['after']['label']}`: **{headline(doc)}**", ""]
+    out += [f"- {esc(line)}" for line in notes(doc)] + [""]
+    for t in sections(doc):
+        out += [f"## {t.title}", ""]
+        if not t.rows:
+            out += [f"_{t.empty}_", ""]
+            continue
+        out += ["| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
+        out += ["| " + " | ".join(esc(v) for v in row) + " |" for row in t.rows] + [""]
+    return "\n".join(out) + "\n"
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    e = html.escape
+    out = ["<!doctype html>", "<html><head><meta charset='utf-8'><title>nsysan diff</title>",
+           "<style>body{font-family:system-ui,sans-serif;margin:2rem}table{border-collapse:collapse;margin:.5rem 0 1.5rem}"
+           "td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:left;font-size:.9rem}th{background:#f3f3f3}</style>",
+           "</head><body>", "<h1>nsysan diff</h1>",
+           f"<p>{e(doc['before']['label'])} → {e(doc['after']['label'])}: <b>{e(headline(doc))}</b></p><ul>"]  # fmt: skip
+    out += [f"<li>{e(line)}</li>" for line in notes(doc)] + ["</ul>"]
+    for t in sections(doc):
+        out.append(f"<h2>{e(t.title)}</h2>")
+        if not t.rows:
+            out.append(f"<p><i>{e(t.empty)}</i></p>")
+            continue
+        out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in t.headers) + "</tr>")
+        out += ["<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in t.rows] + ["</table>"]
+    return "\n".join(out + ["</body></html>"]) + "\n"
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "terminal": render_terminal, "json": render_json, "markdown": render_markdown, "html": render_html,
+}  # fmt: skip
