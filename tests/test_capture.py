@@ -148,3 +148,12 @@ def test_capture_pipeline_through_the_p2p_transport_shows_its_transfers(nsys_bin
         assert sum(t["count"] for name, t in transfers.items() if name.startswith(f"p2p recv {b}<-{a} ")) == 12
         assert sum(t["count"] for name, t in transfers.items() if name.startswith(f"p2p recv {a}<-{b} ")) == 12
     assert all(t["bytes"] == t["count"] * 64 * 256 * 4 for t in transfers.values())
+
+
+def test_newer_options_only_where_nsys_has_them():
+    old = nsys_argv("nsys", "out", ["python"], supported="")
+    new = nsys_argv("nsys", "out", ["python"], supported="  --cuda-event-trace=<true|false>  Track CUDA events")
+    assert "--cuda-event-trace=true" not in old and "--cuda-event-trace=true" in new
+    # a user's own value wins
+    assert "--cuda-event-trace=false" in nsys_argv("nsys", "out", ["python"], ["--cuda-event-trace=false"],
+                                                   supported="--cuda-event-trace")  # fmt: skip

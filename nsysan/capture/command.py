@@ -5,7 +5,7 @@ Pure functions, so the exact argv is testable without nsys.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 # What a distributed PyTorch capture needs, as --option=value pairs a user may override:
 DEFAULT_OPTIONS: dict[str, str] = {
@@ -18,6 +18,12 @@ DEFAULT_OPTIONS: dict[str, str] = {
 }
 
 
+# Options newer nsys releases offer, set only when the installed nsys lists them in `nsys profile --help`
+# (2022.4 has none of them):
+NEWER_OPTIONS: dict[str, str] = {
+    "--cuda-event-trace": "true",  # event records: when an NCCL op's input was ready (nccl_ordering_stall)
+}
+
 # short spellings of the options nsysan sets, so an override replaces rather than repeats them
 _SHORT = {"-t": "--trace", "-s": "--sample", "-f": "--force-overwrite"}
 
@@ -28,10 +34,12 @@ def split_option(arg: str) -> tuple[str, str | None]:
     return _SHORT.get(name, name), (value if sep else None)
 
 
-def nsys_argv(nsys: str, output: str, command: Sequence[str], overrides: Sequence[str] = ()) -> list[str]:
-    """``nsys profile`` argv: defaults, then the user's ``--option=value`` overrides (an override of
-    a default replaces it; anything else is appended as given), then the workload command."""
-    options = dict(DEFAULT_OPTIONS)
+def nsys_argv(nsys: str, output: str, command: Sequence[str], overrides: Sequence[str] = (),
+              supported: Container[str] = ()) -> list[str]:  # fmt: skip
+    """``nsys profile`` argv: defaults (and those of :data:`NEWER_OPTIONS` in ``supported``), then the
+    user's ``--option=value`` overrides (an override of a default replaces it; anything else is
+    appended as given), then the workload command."""
+    options = dict(DEFAULT_OPTIONS) | {k: v for k, v in NEWER_OPTIONS.items() if k in supported}
     extra: list[str] = []
     for arg in overrides:
         name, value = split_option(arg)

@@ -83,6 +83,14 @@ def run_directory(root: Path, name: str) -> Path:
     raise InputError(f"{root}: cannot create a run directory for {name}")
 
 
+def profile_options(nsys: Path) -> str:
+    """The text of ``nsys profile --help``, to tell which newer options this nsys has ("" if it fails)."""
+    try:
+        return subprocess.run([str(nsys), "profile", "--help"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def check_nsys() -> tuple[Path, str]:
     """The nsys to use and its version; raises with an install hint when there is none usable."""
     nsys = find_nsys()
@@ -110,7 +118,7 @@ def capture(
     output_dir.mkdir(parents=True, exist_ok=True)
     base = output_dir / REPORT
     try:
-        argv = nsys_argv(str(nsys_path), str(base), command, nsys_options)
+        argv = nsys_argv(str(nsys_path), str(base), command, nsys_options, supported=profile_options(nsys_path))
     except ValueError as exc:
         raise InputError(f"--nsys: {exc}") from None
     env = dict(os.environ)
