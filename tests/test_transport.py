@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import glob
+import math
 import multiprocessing as mp
 import os
 import random
@@ -16,7 +18,8 @@ from tests.conftest import IN_CI
 
 torch = __import__("torch") if IN_CI else pytest.importorskip("torch")
 
-DTYPES = ["float32", "float64", "int64", "int32", "uint8", "float16", "bfloat16"]
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+          "complex64", "complex128", "uint16", "uint32", "uint64", "float8_e4m3fn"]
 
 
 def free_port() -> int:
@@ -50,53 +53,90 @@ def run_ranks(fn, world, *args, timeout=180):
     return results
 
 
-def payload(index: int, numel: int, dtype: str):
-    g = torch.Generator().manual_seed(index)
-    if dtype.startswith(("int", "uint")):
-        return torch.randint(0, 250, (numel,), generator=g).to(getattr(torch, dtype))
-    return torch.randn(numel, generator=g).to(getattr(torch, dtype))
+_NOISE = {}
 
 
-def plan(world: int, count: int, seed: int):
+def payload(index: int, nbytes: int, dtype: str):
+    """Deterministic bytes viewed as ``dtype``: a slice of one random block (made once per process,
+    the same in every process) at an offset set by the message's index; compared bit for bit."""
+    if "block" not in _NOISE:
+        _NOISE["block"] = torch.randint(0, 256, (8 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+    offset = (index * 40503) % (4 << 20)
+    return _NOISE["block"][offset : offset + nbytes].clone().view(getattr(torch, dtype))
+
+
+def plan(world: int, count: int, seed: int, max_bytes: int = 1 << 20):
+    """Random (index, src, dst, tag, bytes, dtype): one element to max_bytes, log-scale skewed to
+    small sizes (2 ** (log2(max elements) * u**2)) so that 10,000 fit in CI's time."""
     rng = random.Random(seed)
     messages = []
     for i in range(count):
         src, dst = rng.sample(range(world), 2)
-        numel = int(2 ** rng.uniform(0, 18))
-        messages.append((i, src, dst, rng.randrange(4), numel, rng.choice(DTYPES)))
+        dtype = rng.choice(DTYPES)
+        size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        numel = max(1, int(2 ** (math.log2(max_bytes // size) * rng.random() ** 2)))
+        messages.append((i, src, dst, rng.randrange(4), numel * size, dtype))
     return messages
 
 
-def integrity(store, rank, world, count, seed):
+def soak(store, rank, world, count, seed, max_bytes, window):
+    """Post each window of the plan in a random order per rank (keeping each (peer, tag) queue's
+    own order, which matching relies on); overwrite every source right after its send completes."""
     from nsysan.transport import P2PTransport
 
+    rng = random.Random(seed * 100 + rank)
+    messages = plan(world, count, seed, max_bytes)
+    bad, sent, received, peak_files = [], 0, 0, 0
+    start = time.monotonic()
     with P2PTransport(store, rank, world, timeout=60) as t:
-        sends, recvs = [], []
-        for i, src, dst, tag, numel, dtype in plan(world, count, seed):
-            if rank == src:
-                data = payload(i, numel, dtype)
-                sends.append(t.isend(data, dst, tag))
-                data.fill_(0)  # reusing the buffer at once must not change what the peer reads
-            elif rank == dst:
-                out = torch.empty(numel, dtype=getattr(torch, dtype))
-                recvs.append((i, numel, dtype, out, t.irecv(out, src, tag)))
-        for h in sends:
-            h.wait(timeout=120)
-        bad = []
-        for i, numel, dtype, out, h in recvs:
-            h.wait(timeout=120)
-            if not torch.equal(out, payload(i, numel, dtype)):
-                bad.append(i)
-        store.set(f"done/{rank}", "1")
-        store.wait([f"done/{r}" for r in range(world)])
-        return {"sent": len(sends), "received": len(recvs), "bad": bad}
+        token_files = t._files
+        for w in range(0, count, window):
+            queues = {}
+            for i, src, dst, tag, nbytes, dtype in messages[w : w + window]:
+                if rank == src:
+                    queues.setdefault(("send", dst, tag), []).append((i, nbytes, dtype))
+                elif rank == dst:
+                    queues.setdefault(("recv", src, tag), []).append((i, nbytes, dtype))
+            order = [key for key, items in queues.items() for _ in items]
+            rng.shuffle(order)
+            sends, recvs = [], []
+            for key in order:
+                way, peer, tag = key
+                i, nbytes, dtype = queues[key].pop(0)
+                if way == "send":
+                    data = payload(i, nbytes, dtype)
+                    sends.append((data, t.isend(data, peer, tag)))
+                else:
+                    out = torch.empty(nbytes, dtype=torch.uint8).view(getattr(torch, dtype))
+                    recvs.append((i, nbytes, dtype, out, t.irecv(out, peer, tag)))
+                while sends and sends[0][1].is_completed():
+                    sends.pop(0)[0].view(torch.uint8).fill_(0)  # the receiver must not see this
+                    sent += 1
+            for data, h in sends:
+                h.wait(timeout=120)
+                data.view(torch.uint8).fill_(0)
+            for i, nbytes, dtype, out, h in recvs:
+                h.wait(timeout=120)
+                offset = (i * 40503) % (4 << 20)
+                if not torch.equal(out.view(torch.uint8), _NOISE["block"][offset : offset + nbytes]):
+                    bad.append(i)
+            sent, received = sent + len(sends), received + len(recvs)
+            peak_files = max(peak_files, len(os.listdir("/proc/self/fd")))
+        store.set(f"soak/{rank}", "1")
+        store.wait([f"soak/{r}" for r in range(world)])
+    return {"sent": sent, "received": received, "bad": bad, "files": peak_files, "prefix": token_files,
+            "seconds": time.monotonic() - start}
 
 
-def test_a_thousand_random_transfers_arrive_intact():
-    results = run_ranks(integrity, 4, 1000, 11)
-    assert sum(r["sent"] for r in results.values()) == 1000
-    assert sum(r["received"] for r in results.values()) == 1000
+def test_ten_thousand_random_transfers_arrive_bit_exact_and_leave_nothing():
+    """4 ranks, 16 dtypes, 1 element .. 4 MiB (log-uniform), out of order; NSYSAN_P2P_SOAK=N for more."""
+    count = int(os.environ.get("NSYSAN_P2P_SOAK", "10000"))
+    results = run_ranks(soak, 4, count, 11, 4 << 20, 500, timeout=600)
+    assert sum(r["sent"] for r in results.values()) == count
+    assert sum(r["received"] for r in results.values()) == count
     assert [r["bad"] for r in results.values()] == [[], [], [], []]
+    assert glob.glob(results[0]["prefix"] + "*") == []  # every rank closed: no shared-memory segment left
+    assert max(r["files"] for r in results.values()) < 64
 
 
 def head_of_line(store, rank, world):
@@ -130,54 +170,180 @@ def test_send_to_a_ready_peer_does_not_wait_for_a_late_one():
     assert (r[1]["value"], r[2]["value"]) == (1.0, 2.0)
 
 
-def dead_peer(store, rank, world):
-    from nsysan.transport import P2PTransport, TransportTimeout
+def killed_peer(store, rank, world):
+    """Rank 2 dies (SIGKILL) with a receive from rank 0 pending and after sending rank 1 a message."""
+    import signal
 
-    t = P2PTransport(store, rank, world, timeout=3)
+    from nsysan.transport import P2PTransport, PeerDied
+
+    t = P2PTransport(store, rank, world, timeout=10)
+    if rank == 2:
+        t.isend(torch.ones(1 << 20), 1).wait(timeout=10)  # its pool now exists: it must not outlive it
+        t.irecv(torch.empty(1 << 20), 0)
+        store.set("posted", "1")
+        os.kill(os.getpid(), signal.SIGKILL)
+    result = {}
+    if rank == 0:
+        store.wait(["posted"])
+        start = time.monotonic()
+        try:
+            t.isend(torch.ones(1 << 20), 2, tag=7).wait(timeout=30)
+        except PeerDied as exc:
+            result = {"error": str(exc), "seconds": time.monotonic() - start}
+        result["left"] = glob.glob(t._files + "2-*")
+        store.set("noticed", "1")
     if rank == 1:
-        os._exit(0)  # dies without receiving; its death is what rank 0 must report
-    h = t.isend(torch.ones(100), 1, tag=7)
-    try:
-        h.wait(timeout=30)
-    except TransportTimeout as exc:
-        return str(exc)
-    return "no error"
+        out = torch.empty(1 << 20)
+        t.irecv(out, 2).wait(timeout=10)  # sent before it died: still delivered
+        store.wait(["noticed"])
+        try:
+            t.irecv(torch.empty(10), 2, tag=3).wait(timeout=30)
+        except PeerDied as exc:
+            result = {"error": str(exc), "first": float(out[0])}
+    t.close()
+    return result
 
 
-def test_a_dead_peer_gives_a_timeout_naming_it():
+def test_a_killed_peer_fails_the_others_naming_it_within_the_timeout():
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_worker, args=(dead_peer, r, 2, port, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(killed_peer, r, 3, port, queue)) for r in range(3)]
     for p in procs:
         p.start()
-    rank, message = queue.get(timeout=60)
+    results = dict(queue.get(timeout=120) for _ in range(2))
     for p in procs:
         p.join(timeout=30)
-    assert rank == 0
-    assert "rank 1" in message and "timed out after 3 s" in message and "send 0->1 tag 7" in message
+    assert "rank 2 (pid" in results[0]["error"] and "died" in results[0]["error"] and "send 0->2 tag 7" in results[0]["error"]
+    assert results[0]["seconds"] < 10  # within the configured timeout
+    assert results[0]["left"] == []  # the dead rank's segments were removed
+    assert "recv 1<-2 tag 3" in results[1]["error"] and "rank 2 (pid" in results[1]["error"]
+    assert results[1]["first"] == 1.0
+
+
+def silent_peer(store, rank, world):
+    from nsysan.transport import P2PTransport, TransportTimeout
+
+    with P2PTransport(store, rank, world, timeout=2) as t:
+        if rank == 1:
+            store.wait(["gave-up"])  # alive, but never posts the receive
+            return None
+        try:
+            t.isend(torch.ones(1 << 20), 1, tag=7).wait(timeout=30)
+        except TransportTimeout as exc:
+            return str(exc)
+        finally:
+            store.set("gave-up", "1")
+        return "no error"
+
+
+def test_a_silent_peer_gives_a_timeout_naming_it():
+    r = run_ranks(silent_peer, 2)
+    assert "rank 1" in r[0] and "timed out after 2 s" in r[0] and "send 0->1 tag 7" in r[0]
 
 
 def mismatch(store, rank, world):
     from nsysan.transport import P2PTransport, TransportError
 
+    result = {}
     with P2PTransport(store, rank, world, timeout=10) as t:
-        if rank == 0:
-            try:
-                t.isend(torch.ones(10), 1).wait(timeout=5)
-            except TransportError as exc:
-                return {"sender": str(exc)}
-            return {"sender": "no error"}
-        try:
-            t.irecv(torch.empty(20), 0).wait(timeout=10)
-        except TransportError as exc:
-            return {"receiver": str(exc)}
-        return {"receiver": "no error"}
+        for numel in (10, 1 << 20):  # inline, and big enough for a request to send
+            if rank == 0:
+                try:
+                    t.isend(torch.ones(numel), 1).wait(timeout=5)
+                    result[numel] = "no error"
+                except TransportError as exc:
+                    result[numel] = str(exc)
+            else:
+                try:
+                    t.irecv(torch.empty(2 * numel), 0).wait(timeout=10)
+                except TransportError as exc:
+                    result[numel] = str(exc)
+    return result
 
 
 def test_a_mismatched_receive_buffer_is_a_clear_error():
     r = run_ranks(mismatch, 2)
-    assert "rank 0 sent 40 bytes" in r[1]["receiver"] and "holds 80" in r[1]["receiver"]
-    assert "the receiver refused it" in r[0]["sender"] and "holds 80" in r[0]["sender"]  # at once, not a timeout
+    assert "rank 0 sent 40 bytes" in r[1][10] and "holds 80" in r[1][10]
+    assert r[0][10] == "no error"  # an inline send completes when posted: only the receiver learns
+    assert "the receiver refused it" in r[0][1 << 20] and f"holds {8 << 20}" in r[0][1 << 20]  # at once, not a timeout
+
+
+def small_shm(store, rank, world, directory, rlimit):
+    import resource
+    import signal
+
+    from nsysan.transport import P2PTransport, SharedMemoryFull
+
+    os.environ["NSYSAN_P2P_SHM_DIR"] = directory
+    if rlimit and rank == 0:  # no tmpfs could be mounted: a file-size limit makes fallocate fail instead
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, resource.RLIM_INFINITY))
+    result = {}
+    with P2PTransport(store, rank, world, timeout=60) as t:
+        big = torch.arange(16 << 20, dtype=torch.float32)  # 64 MiB through a 16 MiB /dev/shm: in chunks
+        if rank == 0:
+            t.isend(big, 1).wait(timeout=60)
+            try:
+                t.empty(32 << 20)  # 128 MiB cannot be reserved
+                result["empty"] = "no error"
+            except SharedMemoryFull as exc:
+                result["empty"] = str(exc)
+        else:
+            out = torch.empty_like(big)
+            t.irecv(out, 0).wait(timeout=60)
+            result["intact"] = torch.equal(out, big)
+        store.set(f"small/{rank}", "1")
+        store.wait([f"small/{r}" for r in range(world)])
+    return result
+
+
+def test_a_small_dev_shm_moves_big_messages_and_a_full_one_is_a_clear_error(tmp_path):
+    import subprocess
+
+    directory = tmp_path / "shm"
+    directory.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(directory)],
+                             capture_output=True, check=False).returncode == 0  # fmt: skip
+    try:
+        r = run_ranks(small_shm, 2, str(directory), not mounted)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(directory)], check=False)
+    assert r[1]["intact"] is True
+    assert "cannot reserve 134217728 bytes (128.0 MiB) of shared memory in " + str(directory) in r[0]["empty"]
+    assert "bytes free of" in r[0]["empty"]
+
+
+def many_buffers(store, rank, world, count):
+    import resource
+
+    from nsysan.transport import P2PTransport
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    peak_files = peak_segments = 0
+    with P2PTransport(store, rank, world, timeout=30) as t:
+        out = torch.empty(4096)
+        for i in range(count):
+            if rank == 0:
+                buf = t.empty(4096)  # 16 KiB: the receiver reads it from its own segment
+                buf.fill_(i)
+                t.isend(buf, 1).wait(timeout=10)
+                del buf  # its segment goes now
+            else:
+                t.irecv(out, 0).wait(timeout=10)
+                assert float(out[0]) == i
+            if i % 100 == 0:
+                peak_files = max(peak_files, len(os.listdir("/proc/self/fd")))
+                peak_segments = max(peak_segments, len(glob.glob(t._files + "0-buf*")))
+        store.set(f"many/{rank}", "1")
+        store.wait([f"many/{r}" for r in range(world)])
+    return {"files": peak_files, "segments": peak_segments}
+
+
+def test_empty_buffers_are_released_when_freed_and_open_files_stay_bounded():
+    r = run_ranks(many_buffers, 2, 1500)
+    assert max(x["files"] for x in r.values()) < 64  # at ulimit -n 256, 1,500 buffers
+    assert max(x["segments"] for x in r.values()) <= 2
 
 
 class _FakeCuda:

@@ -2,265 +2,698 @@
 
 NCCL runs the operations of a communicator in one order, so a send to a ready peer waits behind a
 send to a late one. Here each (peer, tag) pair is its own queue: messages of one pair never
-overtake each other (sequence numbers), and pairs never wait for each other.
+overtake each other (one FIFO control ring per ordered pair of ranks, matched in arrival order),
+and pairs never wait for each other.
 
-Protocol (per message, keys in the torch.distributed Store that torchrun already runs):
+Signalling goes through shared memory, not the Store (``ring.py``: one descriptor ring per ordered
+pair, a futex doorbell per receiver). Data, by size and kind of tensor:
 
-1. ``isend`` copies the payload into a shared-memory segment from its own pool (no copy when the
-   tensor was allocated with :meth:`P2PTransport.empty`) and posts ``p2p/SRC/DST/TAG/SEQ`` with the
-   segment's name, size, dtype and shape. It returns at once.
-2. ``irecv`` waits for that key, maps the segment (cached per name), copies into ``out``, posts
-   ``.../ack``. Its handle completes after the copy. Waiting is done by one progress thread per
-   transport that polls the store without blocking (see ``_progress``).
-3. The send handle completes on the ack; only then does the segment go back to the pool, so a
-   payload is never read after its buffer is reused.
+* up to a slot's inline capacity (~8 KiB): inside the descriptor; the send completes at once;
+* a tensor made by :meth:`P2PTransport.empty`: the receiver copies straight out of the sender's
+  segment (one copy) and answers ``DONE``, which completes the send;
+* an ordinary tensor up to one chunk (1 MiB): staged into a chunk of the sender's pre-mapped pool,
+  the send completes at once, the receiver copies it out and frees the chunk;
+* bigger: request to send, the receiver's clear-to-send once a receive matched, then chunks through
+  the pool, staged by the sender while the receiver copies the previous ones (pipelined, bounded
+  memory whatever the message size).
 
-Every copy is inside an NVTX range in domain ``nsysan`` (``p2p recv 1<-0 tag 3``, the byte count as
-its payload), so transfers show in nsys and in ``nsysan report``'s transport section. Waiting longer than ``timeout`` raises :class:`TransportTimeout` naming the
-peer. CPU tensors go through shared memory; CUDA tensors are pulled by the receiver through CUDA
-IPC (``cuda_ipc.py``). A peer on another host (ranks publish their host name in the store) goes
-through the default process group's ``isend``/``irecv`` instead: no network stack of our own.
+The Store is used for set-up (a job token, each rank's host and pid) only. A peer whose process
+ended fails the operations pending with it with :class:`PeerDied`; one that does not do its part
+within ``timeout`` with :class:`TransportTimeout`. CUDA tensors are pulled through CUDA IPC
+(``cuda_ipc.py``); peers on another host go through the default process group.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import json
 import os
+import secrets
 import socket
-import sys
 import threading
 import time
-from collections import defaultdict
+import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
-
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from nsysan.errors import NsysanError
+from nsysan.transport import futex, ring
 from nsysan.transport.cuda_ipc import CudaIpcChannel
+from nsysan.transport.errors import (
+    PeerDied,
+    SharedMemoryFull,
+    TransportError,
+    TransportTimeout,
+)
+from nsysan.transport.shm import Segment, remove_all, shm_dir
 
 try:
     import nvtx
 except ImportError:
     nvtx = None
 
+__all__ = ["Handle", "P2PTransport", "PeerDied", "SharedMemoryFull", "TransportError", "TransportTimeout"]
 
-_MIN_POLL, _MAX_POLL = 20e-6, 5e-4  # seconds between store polls when nothing moved
-
-
-@dataclass
-class _Pending:
-    key: str
-    peer: int
-    what: str
-    deadline: float
-    on_ready: Callable[[], None]
-    future: Future
-
-
-class TransportError(NsysanError):
-    """A transfer could not be done (mismatched buffers, a peer that went away)."""
-
-
-class TransportTimeout(TransportError):
-    """A peer did not do its part in time."""
+FREED = 11  # sender -> receiver: an empty() segment it was sent is gone, drop the mapping
+_SPIN_S = 100e-6  # poll this long before sleeping on the doorbell
+_CHECK_EVERY_S = 0.05  # deadlines and peers' liveness, while something is pending
+_MAPPED_SEGMENTS = 32  # peers' empty() segments kept mapped per process
+_DTYPES = [getattr(torch, n) for n in (
+    "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+    "complex64", "complex128", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
+) if hasattr(torch, n)]  # fmt: skip
+_DTYPE_INDEX = {d: i for i, d in enumerate(_DTYPES)}
 
 
 def _range(message: str, nbytes: int):  # noqa: ANN202 - a context manager either way
     """An NVTX range named per peer and tag (so nsys and nsysan aggregate them) carrying the bytes."""
-    return nvtx.annotate(message, domain="nsysan", payload=nbytes) if nvtx is not None else _NullRange()
+    return nvtx.annotate(message, domain="nsysan", payload=nbytes) if nvtx is not None else contextlib.nullcontext()
 
 
-class _NullRange:
-    def __enter__(self) -> None:
-        return None
+class _Op:
+    """One send or receive: what it moves and how far it got."""
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+    def __init__(self, what: str, peer: int, tag: int, deadline: float) -> None:
+        self.what, self.peer, self.tag, self.deadline = what, peer, tag, deadline
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.msg_id = 0
+        self.nbytes = 0
+        self.data: np.ndarray | None = None  # the bytes to send, or the receive buffer's
+        self.keep: Any = None  # what must stay alive until the peer is done with it
+        self.release: Callable[[], None] | None = None
+        self.head: dict[str, Any] = {}  # descriptor fields of a send not yet posted
+        self.kind = 0  # how a send travels (ring.INLINE, EAGER, RTS, SEGMENT, CUDA)
+        self.blob = b""
+        self.staged = self.acked = self.received = 0
+
+
+class _Arrival:
+    """A message the receiver has not matched yet (its payload copied out of the ring or the pool)."""
+
+    __slots__ = ("a", "blob", "dtype", "held", "kind", "msg_id", "nbytes", "payload", "seq", "shape")
+
+    def __init__(self, d: ring.Descriptor, payload: np.ndarray | None, blob: bytes, held: bool = False) -> None:
+        self.kind, self.dtype, self.shape, self.seq = d.kind, d.dtype, d.shape, d.seq
+        self.msg_id, self.nbytes, self.a = d.msg_id, d.nbytes, d.a
+        self.payload, self.blob = payload, blob
+        self.held = held  # an EAGER message still in the sender's chunk (not copied out)
 
 
 class Handle:
     """A pending send or receive. ``wait`` raises what the transfer raised."""
 
-    def __init__(self, what: str, future: Future) -> None:
-        self.what = what
-        self._future = future
+    def __init__(self, op: _Op, drive: Callable[[_Op, float | None], None] | None = None) -> None:
+        self.what = op.what
+        self._op, self._drive = op, drive
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._op.done.is_set()
 
     def wait(self, timeout: float | None = None) -> None:
-        try:
-            self._future.result(timeout=timeout)
-        except (TimeoutError, FutureTimeout):  # distinct classes before Python 3.11
-            raise TransportTimeout(f"{self.what}: not completed after {timeout} s") from None
+        if self._drive is not None:
+            self._drive(self._op, timeout)
+        elif not self._op.done.wait(timeout):
+            raise TransportTimeout(f"{self.what}: not completed after {timeout} s")
+        if self._op.error is not None:
+            raise self._op.error
 
     def wait_stream(self, stream: object = None) -> None:
-        """CPU transfers are complete when ``wait`` returns; kept for API parity with CUDA."""
+        """CPU and CUDA receives are complete (copy synchronised) when ``wait`` returns."""
         self.wait()
-
-
-class _Segment:
-    """A shared-memory segment and a uint8 tensor over it."""
-
-    def __init__(self, shm: shared_memory.SharedMemory) -> None:
-        self.shm = shm
-        self.tensor = torch.frombuffer(shm.buf, dtype=torch.uint8, count=shm.size)
-
-    @property
-    def name(self) -> str:
-        return self.shm.name
 
 
 class P2PTransport:
     """Point-to-point transfers between the ranks of one host through shared memory.
 
-    ``store`` is a torch.distributed Store shared by all ranks (e.g. the default group's), used
-    only for small control messages.
+    ``store`` is a torch.distributed Store shared by all ranks (e.g. the default group's), used for
+    set-up only. ``chunk_bytes`` x ``chunks`` bounds the staging memory each rank reserves for
+    ordinary tensors (lazily, at its first such message over one inline slot); ``slots`` x
+    ``slot_bytes`` is each control ring.
     """
 
-    def __init__(self, store: object, rank: int, world_size: int, *, timeout: float = 60.0, namespace: str = "p2p") -> None:
+    def __init__(self, store: object, rank: int, world_size: int, *, timeout: float = 60.0, namespace: str = "p2p",
+                 chunk_bytes: int = 1 << 20, chunks: int = 8, slots: int = 32, slot_bytes: int = 8192) -> None:  # fmt: skip
         """Collective: every rank creates its transport, in the same order (the n-th transport of
-        each rank talks to the n-th of the others). Waits until all ranks have announced their
-        host, so no send or receive ever blocks on that later."""
+        each rank talks to the n-th of the others)."""
+        if not futex.supported():
+            raise TransportError(f"rank {rank}: no futex calls known for this CPU architecture")
         self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
-        # keys of this instance never meet those of an earlier one (sequence numbers restart at 0)
+        self.chunk_bytes, self.chunks, self.slots, self.slot_bytes = chunk_bytes, chunks, slots, slot_bytes
+        self._inline = ring.inline_capacity(slot_bytes)
         generation = int(store.add(f"{namespace}/generation/{rank}", 1))
         self.prefix = f"{namespace}/{generation}"
+        self._who = f"rank {rank}: "
         self._lock = threading.Lock()
-        self._send_seq: dict[tuple[int, int], int] = defaultdict(int)
-        self._recv_seq: dict[tuple[int, int], int] = defaultdict(int)
-        self._free: dict[int, list[_Segment]] = defaultdict(list)  # own segments by size, ready for reuse
-        self._owned: list[_Segment] = []
-        self._mapped: dict[str, _Segment] = {}  # peers' segments, mapped once
-        self._pinned: dict[int, _Segment] = {}  # data_ptr of empty() tensors -> their segment
-        self._pending: list[_Pending] = []
-        self._thread: threading.Thread | None = None
-        self._wake = threading.Event()
         self._closing = False
         self._cuda_channel: CudaIpcChannel | None = None
+        self._send_seq: dict[tuple[int, int], int] = collections.defaultdict(int)
+        self._recv_seq: dict[tuple[int, int], int] = collections.defaultdict(int)
+        self._next_msg = 1
+        self._pending: set[_Op] = set()
+        self._sends: dict[int, _Op] = {}  # by message id: waiting for CTS, chunk acks or DONE
+        self._streams: collections.deque[_Op] = collections.deque()  # cleared to send, chunks left to stage
+        self._outbox: dict[int, collections.deque[_Op]] = collections.defaultdict(collections.deque)  # not yet posted
+        self._posted: dict[tuple[int, int], collections.deque[_Op]] = collections.defaultdict(collections.deque)
+        self._unexpected: dict[tuple[int, int], collections.deque[_Arrival]] = collections.defaultdict(collections.deque)
+        self._active: dict[tuple[int, int], _Op] = {}  # (src, msg id) -> receive taking chunks
+        self._ready: list[tuple[int, _Op, _Arrival]] = []  # matched segment/CUDA messages to copy
+        self._backlog: dict[int, collections.deque[tuple[int, dict[str, Any]]]] = collections.defaultdict(collections.deque)
+        self._pool: Segment | None = None
+        self._pool_bytes: np.ndarray | None = None
+        self._free_chunks: list[int] = []
+        self._chunk_peer: dict[int, int] = {}
+        self._peer_pools: dict[int, tuple[Segment, np.ndarray]] = {}
+        self._pinned: dict[int, tuple[str, int]] = {}  # base address of an empty() segment -> name, size
+        self._pinned_peers: dict[str, set[int]] = {}  # which peers were sent (and may map) each segment
+        self._freed: collections.deque[str] = collections.deque()  # empty() segments the GC released
+        self._mapped: collections.OrderedDict[tuple[int, str], tuple[Segment, np.ndarray]] = collections.OrderedDict()
+        self._buffers = 0
+        self._dead: dict[int, int] = {}
+        self._waiters = 0
+        self._next_check = 0.0
+
+        if rank == 0:
+            store.set(f"{self.prefix}/token", f"{os.getpid():x}{secrets.token_hex(3)}")
+        store.wait([f"{self.prefix}/token"], dt.timedelta(seconds=timeout))
+        token = store.get(f"{self.prefix}/token").decode()
+        self._files = os.path.join(shm_dir(), f"nsysan-p2p-{token}-r")
+        size = ring.inbox_bytes(world_size, slots, slot_bytes)
+        self._inbox = Segment(f"{self._files}{rank}-inbox", size, create=True, owner=self._who)
+        self._inbox_bytes = np.frombuffer(self._inbox.map, np.uint8)
+        self._bell = self._inbox_bytes[:4].view(np.uint32)
+        self._bell_addr = self._inbox_bytes.ctypes.data
         self.host = os.environ.get("NSYSAN_P2P_HOST") or socket.gethostname()
-        store.set(f"{self.prefix}/host/{rank}", self.host)
+        me = {"host": self.host, "pid": os.getpid(), "pidns": _pid_namespace()}
+        store.set(f"{self.prefix}/host/{rank}", json.dumps(me))
         keys = [f"{self.prefix}/host/{r}" for r in range(world_size)]
         try:
             store.wait(keys, dt.timedelta(seconds=timeout))
         except Exception:
             missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            self._inbox.unlink()
             raise TransportTimeout(
                 f"rank {rank}: ranks {missing} did not create their P2PTransport within {timeout:g} s"
             ) from None
-        self._hosts = {r: store.get(k).decode() for r, k in enumerate(keys)}
+        peers = {r: json.loads(store.get(k)) for r, k in enumerate(keys)}
+        self._hosts = {r: p["host"] for r, p in peers.items()}
+        # a pid says whether a peer lives only if it is in our pid namespace
+        self._pids = {r: p["pid"] for r, p in peers.items() if p["pidns"] == me["pidns"] and r != rank}
+        self._local = [r for r in range(world_size) if r != rank and not self._remote(r)]
+        # unmatched small messages left in a sender's chunks: all receivers together hold at most half
+        # of its pool, so the other half always cycles (no head-of-line blocking by late receives)
+        self._hold_limit = chunks // (2 * max(1, len(self._local)))
+        self._held: dict[int, int] = collections.defaultdict(int)
+        self._spares: dict[int, list[np.ndarray]] = {}  # size class -> reusable private buffers
+        # spinning before a sleep only pays when every local rank has a CPU; oversubscribed, it
+        # takes the CPU from the very peer being waited for
+        self._spin_s = _SPIN_S if len(self._local) + 1 <= len(os.sched_getaffinity(0)) else 0.0
+        self._readers = {r: ring.RingReader(self._inbox_bytes, r, slots, slot_bytes) for r in self._local}
+        self._writers: dict[int, ring.RingWriter] = {}
+        self._peer_inboxes: dict[int, tuple[Segment, np.ndarray]] = {}
+        self._bells: dict[int, int] = {}
+        try:
+            for r in self._local:
+                seg = Segment(f"{self._files}{r}-inbox", size, create=False, owner=self._who)
+                view = np.frombuffer(seg.map, np.uint8)
+                self._peer_inboxes[r] = (seg, view)
+                self._writers[r] = ring.RingWriter(view, rank, slots, slot_bytes)
+                self._bells[r] = view.ctypes.data
+        finally:
+            self._barrier("mapped")
+            self._inbox.unlink()  # every peer maps it now: the name can go, nothing is left behind on a crash
+        self._thread = threading.Thread(target=self._background, name="nsysan-p2p progress", daemon=True)
+        self._thread.start()
+
+    def _barrier(self, name: str) -> None:
+        key = f"{self.prefix}/{name}"
+        self.store.add(key, 1)
+        deadline = time.monotonic() + self.timeout
+        while int(self.store.add(key, 0)) < self.world_size:
+            if time.monotonic() > deadline:
+                raise TransportTimeout(f"rank {self.rank}: not every rank mapped the others' rings in {self.timeout:g} s")
+            time.sleep(0.001)
 
     # -- buffers ------------------------------------------------------------------------------
 
     def empty(self, shape: tuple[int, ...] | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """A tensor in shared memory: sending it costs no staging copy (the receiver reads it
-        directly), so do not modify it before the send's handle completes."""
-        numel = torch.Size([shape] if isinstance(shape, int) else shape).numel()
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        segment = self._new_segment(max(nbytes, 1))
-        tensor = segment.tensor[:nbytes].view(dtype).reshape(shape)
-        self._pinned[tensor.data_ptr()] = segment
+        """A tensor in shared memory: the receiver copies straight out of it (no staging copy), so
+        do not modify it before the send's handle completes. Its segment is released when the
+        tensor (and every view of it) is freed."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        with self._lock:
+            self._buffers += 1
+            path = f"{self._files}{self.rank}-buf{self._buffers}"
+        seg = Segment(path, -(-nbytes // 4096) * 4096, create=True, owner=self._who)
+        tensor = torch.frombuffer(seg.map, dtype=torch.uint8)[:nbytes].view(dtype).reshape(shape)
+        base = tensor.data_ptr()
+        self._pinned[base] = (path, seg.size)
+        weakref.finalize(seg.map, _forget_segment, weakref.ref(self), base, path)
         return tensor
 
-    def _new_segment(self, nbytes: int) -> _Segment:
-        with _TRACKER_LOCK:
-            segment = _Segment(shared_memory.SharedMemory(create=True, size=nbytes))
-        with self._lock:
-            self._owned.append(segment)
-        return segment
+    def _segment_of(self, tensor: torch.Tensor) -> tuple[str, int] | None:
+        """(name, offset) when ``tensor`` lies inside one of our empty() segments."""
+        if not tensor.is_contiguous():
+            return None
+        address = tensor.data_ptr()
+        nbytes = tensor.numel() * tensor.element_size()
+        for base, (path, size) in list(self._pinned.items()):
+            if base <= address and address + nbytes <= base + size:
+                return path, address - base
+        return None
 
-    def _take(self, nbytes: int) -> _Segment:
-        """A staging segment of at least ``nbytes`` from the pool (sizes rounded up to a power of
-        two, so segments get reused across messages of similar size)."""
-        size = _size_class(nbytes)
-        with self._lock:
-            pool = self._free.get(size)
-            if pool:
-                return pool.pop()
-        return self._new_segment(size)
+    def _ensure_pool(self) -> None:
+        if self._pool is None:
+            self._pool = Segment(f"{self._files}{self.rank}-pool", self.chunk_bytes * self.chunks, create=True, owner=self._who)
+            self._pool_bytes = np.frombuffer(self._pool.map, np.uint8)
+            self._free_chunks = list(range(self.chunks - 1, -1, -1))
 
-    def _give_back(self, segment: _Segment) -> None:
-        with self._lock:
-            self._free[segment.shm.size].append(segment)
+    def _peer_pool(self, src: int) -> np.ndarray:
+        if src not in self._peer_pools:
+            seg = Segment(f"{self._files}{src}-pool", self.chunk_bytes * self.chunks, create=False, owner=self._who)
+            self._peer_pools[src] = (seg, np.frombuffer(seg.map, np.uint8))
+        return self._peer_pools[src][1]
 
-    def _map(self, name: str) -> _Segment:
-        segment = self._mapped.get(name)
-        if segment is None:
-            segment = self._mapped[name] = _Segment(_attach(name))
-        return segment
-
-    # -- control messages ---------------------------------------------------------------------
-
-    def _key(self, src: int, dst: int, tag: int, seq: int) -> str:
-        return f"{self.prefix}/{src}/{dst}/{tag}/{seq}"
-
-    def _submit(self, key: str, peer: int, what: str, on_ready: Callable[[], None]) -> Handle:
-        """Queue an operation that proceeds once ``key`` exists in the store."""
-        future: Future = Future()
-        op = _Pending(key, peer, what, time.monotonic() + self.timeout, on_ready, future)
-        with self._lock:
-            if self._closing:
-                raise TransportError(f"rank {self.rank}: {what}: the transport is closed")
-            self._pending.append(op)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._progress, name="nsysan-p2p progress", daemon=True)
-                self._thread.start()
-        self._wake.set()
-        return Handle(what, future)
-
-    def _progress(self) -> None:
-        """One thread drives every pending operation with non-blocking ``store.check`` polls.
-
-        A blocking ``store.wait`` would hold the process's store connection until the key appears,
-        and the peer's ``set`` that makes it appear may itself wait for our connection: deadlock.
-        Polling keeps every store call short, and a peer that is late never holds up another.
-        """
-        delay = _MIN_POLL
-        while not self._closing:
-            with self._lock:
-                ops = list(self._pending)
-            if not ops:
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            progressed = False
-            for op in ops:
-                if self._step(op):
-                    progressed = True
-                    with self._lock:
-                        self._pending.remove(op)
-            delay = _MIN_POLL if progressed else min(delay * 2, _MAX_POLL)
-            if not progressed:
-                time.sleep(delay)
-
-    def _step(self, op: _Pending) -> bool:
-        """Advance one operation; True when it finished (done, failed or timed out)."""
-        try:
-            if not self.store.check([op.key]):
-                if time.monotonic() < op.deadline:
-                    return False
-                if op.key.endswith("/ack"):  # withdraw the unanswered message
-                    self.store.delete_key(op.key[: -len("/ack")])
-                raise TransportTimeout(
-                    f"rank {self.rank}: {op.what} timed out after {self.timeout:g} s waiting for rank {op.peer}; "
-                    f"is rank {op.peer} alive and did it post the matching call?"
-                )
-            op.on_ready()
-            op.future.set_result(None)
-        except BaseException as exc:  # delivered to whoever waits on the handle
-            op.future.set_exception(exc)
-        return True
+    def _peer_segment(self, src: int, path: str) -> np.ndarray:
+        key = (src, path)
+        if key in self._mapped:
+            self._mapped.move_to_end(key)
+            return self._mapped[key][1]
+        seg = Segment(path, None, create=False, owner=f"{self._who}rank {src}'s ")
+        self._mapped[key] = (seg, np.frombuffer(seg.map, np.uint8))
+        while len(self._mapped) > _MAPPED_SEGMENTS:
+            _, (old, _) = self._mapped.popitem(last=False)
+            old.close()
+        return self._mapped[key][1]
 
     # -- the API ------------------------------------------------------------------------------
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
+        """Post ``tensor`` for rank ``dst`` under ``tag``; returns at once."""
+        self._check_peer(dst)
+        if self._remote(dst):  # across hosts: the default process group's engine (gloo or NCCL)
+            return self._engine(dist.isend(tensor, dst, tag=tag), f"send {self.rank}->{dst} tag {tag} (remote)")
+        src_bytes = _as_bytes(tensor)
+        nbytes, dtype, shape = src_bytes.numel(), _dtype_index(tensor.dtype), tuple(tensor.shape)
+        if len(shape) > ring.MAX_DIMS:
+            raise TransportError(f"{self._who}tensors of more than {ring.MAX_DIMS} dimensions are not supported")
+        cuda = tensor.device.type == "cuda"
+        segment = None if cuda or nbytes <= self._inline else self._segment_of(tensor)
+        with self._lock:
+            self._fail_if_closed(f"send to {dst}")
+            if not cuda and nbytes > self._inline and segment is None:
+                self._ensure_pool()  # a full /dev/shm is an error here, before a sequence number is taken
+            seq = self._send_seq[(dst, tag)]
+            self._send_seq[(dst, tag)] += 1
+            op = _Op(f"send {self.rank}->{dst} tag {tag} #{seq}", dst, tag, time.monotonic() + self.timeout)
+            op.msg_id, op.nbytes = self._next_msg, nbytes
+            self._next_msg += 1
+            head = {"dtype": dtype, "shape": shape, "tag": tag, "seq": seq, "msg_id": op.msg_id, "nbytes": nbytes}
+            if dst in self._dead:
+                self._fail(op, self._died(dst, op.what))
+                return Handle(op, self._wait)
+            op.head = head
+            if cuda:  # the receiver pulls through CUDA IPC (cuda_ipc.py)
+                meta, op.release = self._cuda().post(tensor)
+                op.kind, op.blob = ring.CUDA, json.dumps(meta).encode()
+            elif nbytes <= self._inline:
+                op.kind, op.data, op.keep = ring.INLINE, src_bytes.numpy(), src_bytes
+            elif segment is not None:
+                op.kind, op.keep, op.blob = ring.SEGMENT, tensor, segment[0].encode()
+                head["a"] = segment[1]
+                self._pinned_peers.setdefault(segment[0], set()).add(dst)
+            elif nbytes <= self.chunk_bytes:
+                op.kind, op.data, op.keep = ring.EAGER, src_bytes.numpy(), src_bytes
+            else:
+                op.kind, op.data, op.keep = ring.RTS, src_bytes.numpy(), src_bytes
+            self._expect(op, send=op.kind in (ring.CUDA, ring.SEGMENT, ring.RTS))
+            self._outbox[dst].append(op)
+            if len(self._outbox[dst]) == 1:
+                self._flush(dst)
+        return Handle(op, self._wait)
+
+    def irecv(self, out: torch.Tensor, src: int, tag: int = 0) -> Handle:
+        """Receive the next message of rank ``src`` under ``tag`` into ``out``; returns at once."""
+        self._check_peer(src)
+        if not out.is_contiguous():
+            raise TransportError("irecv needs a contiguous tensor to receive into")
+        if self._remote(src):
+            return self._engine(dist.irecv(out, src, tag=tag), f"recv {self.rank}<-{src} tag {tag} (remote)")
+        dst_bytes = _as_bytes(out)
+        with self._lock:
+            self._fail_if_closed(f"receive from {src}")
+            seq = self._recv_seq[(src, tag)]
+            self._recv_seq[(src, tag)] += 1
+            op = _Op(f"recv {self.rank}<-{src} tag {tag} #{seq}", src, tag, time.monotonic() + self.timeout)
+            op.keep = out
+            op.data = dst_bytes if out.device.type == "cuda" else dst_bytes.numpy()
+            op.nbytes = dst_bytes.numel()
+            op.release = None
+            waiting = self._unexpected.get((src, tag))
+            if waiting:
+                self._expect(op)
+                self._match(src, op, waiting.popleft(), out)
+            elif src in self._dead:
+                self._fail(op, self._died(src, op.what))
+            else:
+                self._expect(op)
+                self._posted[(src, tag)].append(op)
+        return Handle(op, self._wait)
+
+    # -- progress -----------------------------------------------------------------------------
+
+    def _wait(self, op: _Op, timeout: float | None) -> None:
+        """Drive progress from the waiting thread (no hand-off to another thread on the fast path):
+        poll the rings, spin briefly, then sleep on our doorbell until a peer rings it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        idle_since = None
+        self._waiters += 1
+        try:
+            while not op.done.is_set():
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
+                    raise TransportTimeout(f"{op.what}: not completed after {timeout} s")
+                bell = int(self._bell[0])
+                if not self._lock.acquire(blocking=False):
+                    op.done.wait(0.0005)
+                    continue
+                try:
+                    progressed = self._poll()
+                finally:
+                    self._lock.release()
+                if progressed or op.done.is_set():
+                    idle_since = None
+                    continue
+                if idle_since is None:
+                    idle_since = now
+                elif now - idle_since >= self._spin_s:
+                    futex.wait(self._bell_addr, bell, 0.002 if deadline is None else max(0.0, min(0.002, deadline - now)))
+        finally:
+            self._waiters -= 1
+            if not self._waiters:
+                futex.bump_and_wake(self._bell_addr)  # the background thread takes over at once
+
+    def _background(self) -> None:
+        """Progress while nobody waits: drains rings (so senders never find them full), answers
+        clear-to-sends, streams chunks, checks deadlines."""
+        while not self._closing:
+            bell = int(self._bell[0])
+            if self._waiters:  # a user thread drives; sleep until it leaves (it rings our doorbell)
+                futex.wait(self._bell_addr, bell, 0.05)
+                continue
+            if self._lock.acquire(blocking=False):
+                try:
+                    progressed = self._poll()
+                except Exception:  # noqa: BLE001 - errors belong to operations; the thread must live on
+                    progressed = False
+                finally:
+                    self._lock.release()
+                if progressed:
+                    continue
+            busy = self._pending or any(self._backlog.values())
+            futex.wait(self._bell_addr, bell, 0.002 if busy else 0.05)
+
+    def _poll(self) -> bool:
+        """One round of progress (lock held). True when something moved."""
+        progressed = False
+        for src, reader in self._readers.items():
+            while (d := reader.peek()) is not None:
+                try:
+                    self._arrived(src, reader, d)
+                except TransportError as exc:  # e.g. the peer's pool vanished: its transfers cannot go on
+                    for op in [op for op in self._pending if op.peer == src]:
+                        self._fail(op, exc)
+                reader.advance()
+                progressed = True
+        for dst, queue in self._backlog.items():
+            writer = self._writers[dst]
+            while queue and writer.put(queue[0][0], **queue[0][1]):
+                queue.popleft()
+                futex.bump_and_wake(self._bells[dst])
+                progressed = True
+        for dst in self._outbox:
+            progressed |= self._flush(dst)
+        progressed |= self._pump()
+        while self._ready:
+            src, op, arrival = self._ready.pop()
+            self._copy_direct(src, op, arrival)
+            progressed = True
+        while self._freed:
+            path = self._freed.popleft()
+            for peer in self._pinned_peers.pop(path, ()):
+                if peer not in self._dead:
+                    self._post(peer, FREED, blob=path.encode())
+        now = time.monotonic()
+        if self._pending and now >= self._next_check:
+            self._next_check = now + _CHECK_EVERY_S
+            self._check(now)
+        return progressed
+
+    def _post(self, peer: int, kind: int, **fields: Any) -> None:
+        """Publish a descriptor to ``peer`` and ring its doorbell; queue it when the ring is full."""
+        queue = self._backlog[peer]
+        if queue or not self._writers[peer].put(kind, **fields):
+            if isinstance(fields.get("blob"), np.ndarray):
+                fields["blob"] = fields["blob"].tobytes()  # the caller may reuse its buffer at once
+            queue.append((kind, fields))
+            return
+        futex.bump_and_wake(self._bells[peer])
+
+    def _arrived(self, src: int, reader: ring.RingReader, d: ring.Descriptor) -> None:
+        """Handle one descriptor from ``src`` while it is still in its slot."""
+        kind = d.kind
+        if kind in (ring.INLINE, ring.EAGER, ring.RTS, ring.SEGMENT, ring.CUDA):
+            posted = self._posted.get((src, d.tag))
+            while posted and posted[0].done.is_set():  # failed (timed out) receives
+                posted.popleft()
+            if posted:
+                payload = reader.blob(d) if kind == ring.INLINE else None
+                op = posted.popleft()
+                self._match(src, op, _Arrival(d, payload, b"" if kind == ring.INLINE else reader.blob(d).tobytes()), op.keep)
+                return
+            payload, blob = None, b""
+            if kind == ring.INLINE:
+                payload = reader.blob(d).copy()
+            elif kind == ring.EAGER and self._held[src] < self._hold_limit:
+                self._held[src] += 1  # left in the sender's chunk until a receive matches it
+            elif kind == ring.EAGER:  # copy out now: late receives never hold more of a sender's pool
+                at = d.a * self.chunk_bytes
+                payload = self._spare_buffer(d.nbytes)
+                payload[:] = self._peer_pool(src)[at : at + d.nbytes]
+                self._post(src, ring.CHUNK_ACK, a=d.a, b=d.nbytes)
+            else:
+                blob = reader.blob(d).tobytes()
+            self._unexpected[(src, d.tag)].append(_Arrival(d, payload, blob, held=kind == ring.EAGER and payload is None))
+        elif kind == ring.CHUNK:
+            op = self._active.get((src, d.msg_id))
+            if op is not None and not op.done.is_set():
+                at = d.a * self.chunk_bytes
+                with _range(f"p2p recv {self.rank}<-{src} tag {op.tag} (chunk)", d.nbytes):
+                    op.data[d.b : d.b + d.nbytes] = self._peer_pool(src)[at : at + d.nbytes]
+                op.received += d.nbytes
+                if op.received == op.nbytes:
+                    del self._active[(src, d.msg_id)]
+                    self._complete(op)
+            self._post(src, ring.CHUNK_ACK, a=d.a, b=d.nbytes, msg_id=d.msg_id)
+        elif kind == ring.CTS:
+            op = self._sends.get(d.msg_id)
+            if op is None or op.done.is_set():
+                self._post(src, ring.REFUSE, msg_id=d.msg_id, b=1, blob=f"rank {self.rank} gave up this send".encode())
+            else:
+                self._streams.append(op)
+        elif kind == ring.CHUNK_ACK:
+            self._free_chunks.append(d.a)
+            self._chunk_peer.pop(d.a, None)
+            op = self._sends.get(d.msg_id) if d.msg_id else None
+            if op is not None:
+                op.acked += d.b
+                if op.acked == op.nbytes:
+                    del self._sends[d.msg_id]
+                    self._complete(op)
+        elif kind == ring.DONE:
+            op = self._sends.pop(d.msg_id, None)
+            if op is not None:
+                self._complete(op)
+        elif kind == ring.REFUSE:
+            text = reader.blob(d).tobytes().decode()
+            op = self._active.pop((src, d.msg_id), None) if d.b else self._sends.pop(d.msg_id, None)
+            if op is not None:
+                prefix = "the sender" if d.b else "the receiver refused it"
+                self._fail(op, TransportError(f"{self._who}{op.what}: {prefix}: {text}"))
+        elif kind == FREED:
+            entry = self._mapped.pop((src, reader.blob(d).tobytes().decode()), None)
+            if entry is not None:
+                entry[0].close()
+
+    def _match(self, src: int, op: _Op, arrival: _Arrival, out: torch.Tensor) -> None:
+        """Pair a posted receive with the oldest message of its (peer, tag)."""
+        if arrival.nbytes != op.nbytes or arrival.dtype != _dtype_index(out.dtype):
+            problem = (f"rank {src} sent {arrival.nbytes} bytes ({_DTYPES[arrival.dtype]} {list(arrival.shape)}), "
+                       f"the receive buffer holds {op.nbytes} ({out.dtype} {list(out.shape)})")  # fmt: skip
+            if arrival.kind == ring.EAGER and arrival.payload is None:
+                self._post(src, ring.CHUNK_ACK, a=arrival.a, b=arrival.nbytes)
+                self._held[src] -= arrival.held
+            elif arrival.kind in (ring.RTS, ring.SEGMENT, ring.CUDA):
+                self._post(src, ring.REFUSE, msg_id=arrival.msg_id, blob=problem.encode())
+            self._fail(op, TransportError(f"{self._who}{op.what}: {problem}"))
+            return
+        kind = arrival.kind
+        if kind in (ring.INLINE, ring.EAGER):
+            source = arrival.payload
+            if source is None:
+                at = arrival.a * self.chunk_bytes
+                source = self._peer_pool(src)[at : at + arrival.nbytes]
+            with _range(f"p2p recv {self.rank}<-{src} tag {op.tag}", op.nbytes):
+                if op.nbytes:
+                    op.data[:] = source
+            if kind == ring.EAGER and arrival.payload is not None:
+                self._give_back_buffer(arrival.payload)
+            if kind == ring.EAGER and arrival.payload is None:
+                self._post(src, ring.CHUNK_ACK, a=arrival.a, b=arrival.nbytes)
+                self._held[src] -= arrival.held
+            self._complete(op)
+        elif kind == ring.RTS:
+            self._active[(src, arrival.msg_id)] = op
+            self._post(src, ring.CTS, msg_id=arrival.msg_id)
+        else:  # SEGMENT or CUDA: a copy of any size, done by the progress loop
+            self._ready.append((src, op, arrival))
+
+    def _spare_buffer(self, nbytes: int) -> np.ndarray:
+        """Private memory for a small message no receive matched yet; reused, since fresh memory
+        costs a page fault per page (more than the copy)."""
+        size = 1 << max(12, (nbytes - 1).bit_length())
+        spares = self._spares.get(size)
+        return (spares.pop() if spares else np.empty(size, np.uint8))[:nbytes]
+
+    def _give_back_buffer(self, view: np.ndarray) -> None:
+        whole = view.base if view.base is not None else view
+        spares = self._spares.setdefault(len(whole), [])
+        if len(spares) < 8:
+            spares.append(whole)
+
+    def _copy_direct(self, src: int, op: _Op, arrival: _Arrival) -> None:
+        """Copy straight from the sender's memory (an empty() segment or a CUDA IPC tensor), then DONE."""
+        if op.done.is_set():
+            return
+        try:
+            with _range(f"p2p recv {self.rank}<-{src} tag {op.tag}", op.nbytes):
+                if arrival.kind == ring.CUDA:
+                    self._cuda().fetch(json.loads(arrival.blob), op.data, src)
+                else:
+                    segment = self._peer_segment(src, arrival.blob.decode())
+                    op.data[:] = segment[arrival.a : arrival.a + op.nbytes]
+        except TransportError as exc:
+            self._fail(op, exc)
+            return
+        self._post(src, ring.DONE, msg_id=arrival.msg_id)
+        self._complete(op)
+
+    def _flush(self, dst: int) -> bool:
+        """Post ``dst``'s outgoing messages in the order they were sent (the order matching relies
+        on); stop at a small message waiting for a free chunk. Chunks come back as soon as the
+        receiver's progress loop sees them (it copies out a message no receive matched yet), so a
+        late receive never holds one."""
+        queue, progressed = self._outbox[dst], False
+        while queue:
+            op = queue[0]
+            if op.done.is_set():  # failed (timed out) before it could be posted
+                queue.popleft()
+                continue
+            if op.kind == ring.EAGER:
+                if not self._free_chunks:
+                    break
+                chunk = self._free_chunks.pop()
+                self._chunk_peer[chunk] = dst
+                at = chunk * self.chunk_bytes
+                with _range(f"p2p send {self.rank}->{dst} tag {op.tag} (staging copy)", op.nbytes):
+                    self._pool_bytes[at : at + op.nbytes] = op.data
+                self._post(dst, ring.EAGER, a=chunk, **op.head)
+            else:
+                self._post(dst, op.kind, blob=op.data if op.kind == ring.INLINE else op.blob, **op.head)
+            queue.popleft()
+            if op.kind in (ring.INLINE, ring.EAGER):  # the payload is in shared memory: the buffer is free
+                self._complete(op)
+            progressed = True
+        return progressed
+
+    def _pump(self) -> bool:
+        """Stage the next chunks of cleared-to-send messages into free pool chunks (round robin)."""
+        progressed = False
+        while self._streams and self._free_chunks:
+            op = self._streams[0]
+            if op.done.is_set() or op.staged == op.nbytes:
+                self._streams.popleft()
+                continue
+            chunk = self._free_chunks.pop()
+            self._chunk_peer[chunk] = op.peer
+            n = min(self.chunk_bytes, op.nbytes - op.staged)
+            at = chunk * self.chunk_bytes
+            self._pool_bytes[at : at + n] = op.data[op.staged : op.staged + n]
+            self._post(op.peer, ring.CHUNK, msg_id=op.msg_id, a=chunk, b=op.staged, nbytes=n)
+            op.staged += n
+            self._streams.rotate(-1)
+            progressed = True
+        return progressed
+
+    # -- completion, failure, liveness ----------------------------------------------------------
+
+    def _expect(self, op: _Op, *, send: bool = False) -> None:
+        """Track an operation until it completes (a send also by its message id, for the peer's answers)."""
+        self._pending.add(op)
+        if send:
+            self._sends[op.msg_id] = op
+
+    def _complete(self, op: _Op) -> None:
+        self._pending.discard(op)
+        if op.release is not None:
+            op.release()
+        op.keep = op.data = None
+        op.done.set()
+
+    def _fail(self, op: _Op, error: BaseException) -> None:
+        self._pending.discard(op)
+        if self._sends.get(op.msg_id) is op:
+            del self._sends[op.msg_id]
+        op.error, op.keep, op.data = error, None, None
+        op.done.set()
+
+    def _died(self, peer: int, what: str) -> PeerDied:
+        return PeerDied(f"{self._who}{what}: rank {peer} (pid {self._dead[peer]}) died; its transfers cannot complete")
+
+    def _check(self, now: float) -> None:
+        """Fail operations past their deadline, and every operation with a peer that died."""
+        for peer in {op.peer for op in self._pending}:
+            if peer not in self._dead and peer in self._pids and not _alive(self._pids[peer]):
+                self._peer_died(peer)
+        for op in list(self._pending):
+            if now > op.deadline:
+                self._fail(op, TransportTimeout(
+                    f"{self._who}{op.what} timed out after {self.timeout:g} s waiting for rank {op.peer}; "
+                    f"is rank {op.peer} alive and did it post the matching call?"))  # fmt: skip
+
+    def _peer_died(self, peer: int) -> None:
+        """Fail what is pending with ``peer``, take back the chunks it held, remove its segments."""
+        self._dead[peer] = self._pids[peer]
+        for op in list(self._pending):
+            if op.peer == peer:
+                self._fail(op, self._died(peer, op.what))
+        self._outbox.pop(peer, None)
+        for chunk, holder in list(self._chunk_peer.items()):
+            if holder == peer:
+                del self._chunk_peer[chunk]
+                self._free_chunks.append(chunk)
+        self._backlog.pop(peer, None)
+        remove_all(f"{self._files}{peer}-")
+
+    # -- helpers ------------------------------------------------------------------------------
 
     def _remote(self, peer: int) -> bool:
         """Whether ``peer`` runs on another host (then an existing engine moves the bytes)."""
@@ -268,100 +701,17 @@ class P2PTransport:
 
     def _engine(self, work: Any, what: str) -> Handle:
         """A handle over a torch.distributed request (cross-host fall-back)."""
-        future: Future = Future()
+        op = _Op(what, -1, 0, 0.0)
 
         def finish() -> None:
             try:
                 work.wait()
-                future.set_result(None)
-            except BaseException as exc:
-                future.set_exception(TransportError(f"rank {self.rank}: {what}: {exc}"))
+            except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits on the handle
+                op.error = TransportError(f"rank {self.rank}: {what}: {exc}")
+            op.done.set()
 
         threading.Thread(target=finish, name=f"nsysan-p2p {what}", daemon=True).start()
-        return Handle(what, future)
-
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
-        """Post ``tensor`` for rank ``dst`` under ``tag``; returns at once."""
-        self._check_peer(dst)
-        if self._remote(dst):  # across hosts: the default process group's engine (gloo or NCCL)
-            return self._engine(dist.isend(tensor, dst, tag=tag), f"send {self.rank}->{dst} tag {tag} (remote)")
-        src_bytes = _as_bytes(tensor)  # before taking a sequence number: a failure here must not skip one
-        with self._lock:
-            seq = self._send_seq[(dst, tag)]
-            self._send_seq[(dst, tag)] += 1
-        what = f"send {self.rank}->{dst} tag {tag} #{seq}"
-        key = self._key(self.rank, dst, tag, seq)
-        if tensor.device.type == "cuda":  # the receiver pulls through CUDA IPC (cuda_ipc.py)
-            meta, release = self._cuda().post(tensor)
-            meta.update(nbytes=tensor.numel() * tensor.element_size(), dtype=str(tensor.dtype), shape=list(tensor.shape))
-            self.store.set(key, json.dumps(meta))
-
-            def released() -> None:
-                self._acknowledged(key, what)
-                release()
-
-            return self._submit(key + "/ack", dst, what, released)
-        nbytes = src_bytes.numel()
-        pinned = self._pinned.get(tensor.data_ptr())
-        if pinned is not None and tensor.is_contiguous():
-            segment, staged = pinned, False
-        else:
-            segment, staged = self._take(nbytes), True
-            with _range(f"p2p send {self.rank}->{dst} tag {tag} (staging copy)", nbytes):
-                segment.tensor[:nbytes].copy_(src_bytes)
-        offset = tensor.data_ptr() - segment.tensor.data_ptr() if not staged else 0
-        meta = {"shm": segment.name, "offset": offset, "nbytes": nbytes, "dtype": str(tensor.dtype), "shape": list(tensor.shape)}
-        self.store.set(key, json.dumps(meta))
-
-        def acknowledged() -> None:
-            try:
-                self._acknowledged(key, what)
-            finally:
-                if staged:
-                    self._give_back(segment)
-
-        return self._submit(key + "/ack", dst, what, acknowledged)
-
-    def irecv(self, out: torch.Tensor, src: int, tag: int = 0) -> Handle:
-        """Receive the next message of rank ``src`` under ``tag`` into ``out``; returns at once."""
-        self._check_peer(src)
-        if not out.is_contiguous():
-            raise TransportError("irecv needs a contiguous tensor to receive into")
-        dst_bytes = _as_bytes(out)
-        if self._remote(src):
-            return self._engine(dist.irecv(out, src, tag=tag), f"recv {self.rank}<-{src} tag {tag} (remote)")
-        with self._lock:
-            seq = self._recv_seq[(src, tag)]
-            self._recv_seq[(src, tag)] += 1
-        what = f"recv {self.rank}<-{src} tag {tag} #{seq}"
-        key = self._key(src, self.rank, tag, seq)
-
-        def receive() -> None:
-            meta = json.loads(self.store.get(key))
-            if meta["nbytes"] != dst_bytes.numel() or meta["dtype"] != str(out.dtype):
-                problem = (f"rank {src} sent {meta['nbytes']} bytes ({meta['dtype']} {meta['shape']}), the receive "
-                           f"buffer holds {dst_bytes.numel()} ({out.dtype} {list(out.shape)})")  # fmt: skip
-                self.store.delete_key(key)
-                self.store.set(key + "/ack", "error: " + problem)  # the sender learns why at once
-                raise TransportError(f"rank {self.rank}: {what}: {problem}")
-            if meta["nbytes"] and "ipc" in meta:
-                with _range(f"p2p recv {self.rank}<-{src} tag {tag}", meta["nbytes"]):
-                    self._cuda().fetch(meta, dst_bytes, src)
-            elif meta["nbytes"]:
-                segment = self._map(meta["shm"])
-                with _range(f"p2p recv {self.rank}<-{src} tag {tag}", meta["nbytes"]):
-                    dst_bytes.copy_(segment.tensor[meta["offset"] : meta["offset"] + meta["nbytes"]])
-            self.store.delete_key(key)
-            self.store.set(key + "/ack", "1")
-
-        return self._submit(key, src, what, receive)
-
-    def _acknowledged(self, key: str, what: str) -> None:
-        """Consume the receiver's ack; raise what it reported if it refused the message."""
-        ack = self.store.get(key + "/ack").decode()
-        self.store.delete_key(key + "/ack")
-        if ack.startswith("error: "):
-            raise TransportError(f"rank {self.rank}: {what}: the receiver refused it: {ack[7:]}")
+        return Handle(op)
 
     def _cuda(self) -> CudaIpcChannel:
         if self._cuda_channel is None:
@@ -372,25 +722,51 @@ class P2PTransport:
         if not 0 <= peer < self.world_size or peer == self.rank:
             raise TransportError(f"rank {self.rank}: no peer {peer} in a world of {self.world_size}")
 
+    def _fail_if_closed(self, what: str) -> None:
+        if self._closing:
+            raise TransportError(f"rank {self.rank}: {what}: the transport is closed")
+
+    def _settle(self, seconds: float) -> None:
+        """Before closing: post what is queued and get our pool chunks back (a small message already
+        counted as sent may still be in a chunk the receiver has not copied out)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with self._lock:
+                self._poll()
+                owed = [p for p in self._chunk_peer.values() if p not in self._dead]
+                queued = any(q for p, q in self._backlog.items() if p not in self._dead)
+            if not owed and not queued:
+                return
+            futex.wait(self._bell_addr, int(self._bell[0]), 0.001)
+
     def close(self) -> None:
-        """Stop the progress thread and release every segment. Call after all handles completed."""
+        """Stop progress, fail what is still pending, unmap everything and remove our segments."""
+        if self._closing:
+            return
+        self._settle(min(self.timeout, 10.0))
         with self._lock:
+            if self._closing:
+                return
             self._closing = True
-            left, self._pending = self._pending, []
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        for op in left:
-            if not op.future.done():
-                op.future.set_exception(TransportError(f"rank {self.rank}: {op.what}: the transport was closed first"))
-        for segment in list(self._mapped.values()):
-            _release(segment, unlink=False)
-        for segment in self._owned:
-            _release(segment, unlink=True)
-        self._mapped.clear()
-        self._owned.clear()
-        self._free.clear()
-        self._pinned.clear()
+            for op in list(self._pending):
+                self._fail(op, TransportError(f"rank {self.rank}: {op.what}: the transport was closed first"))
+        futex.bump_and_wake(self._bell_addr)
+        self._thread.join(timeout=5)
+        with self._lock:
+            self._readers.clear()
+            self._writers.clear()
+            maps = [self._inbox, *(s for s, _ in self._peer_inboxes.values()), *(s for s, _ in self._peer_pools.values()),
+                    *(s for s, _ in self._mapped.values())]  # fmt: skip
+            if self._pool is not None:
+                maps.append(self._pool)
+            self._peer_inboxes.clear()
+            self._peer_pools.clear()
+            self._mapped.clear()
+            self._inbox_bytes = self._bell = self._pool_bytes = None
+            self._pool = None
+            for seg in maps:
+                seg.close()
+            remove_all(f"{self._files}{self.rank}-")  # our pool and the names of our empty() buffers
 
     def __enter__(self) -> P2PTransport:
         return self
@@ -399,38 +775,47 @@ class P2PTransport:
         self.close()
 
 
-_TRACKER_LOCK = threading.Lock()
+def _forget_segment(owner: weakref.ref, base: int, path: str) -> None:
+    """An empty() tensor was freed: remove its name, and let the peers that mapped it know."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    transport = owner()
+    if transport is not None:
+        transport._pinned.pop(base, None)
+        transport._freed.append(path)  # a deque append: safe from the garbage collector's thread
+        if not transport._closing:
+            futex.bump_and_wake(transport._bell_addr)
 
 
-def _attach(name: str) -> shared_memory.SharedMemory:
-    """Map a peer's segment without telling the resource tracker: the owner unlinks it. Python
-    < 3.13 registers attached segments too, so a tracker shared by several processes would unlink
-    (or complain about) segments that are not theirs."""
-    if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name=name, track=False)
-    with _TRACKER_LOCK:
-        register = resource_tracker.register
-        resource_tracker.register = lambda *args, **kwargs: None
-        try:
-            return shared_memory.SharedMemory(name=name)
-        finally:
-            resource_tracker.register = register
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")  # a zombie has ended
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return f"unknown-{socket.gethostname()}"
+
+
+def _dtype_index(dtype: torch.dtype) -> int:
+    try:
+        return _DTYPE_INDEX[dtype]
+    except KeyError:
+        raise TransportError(f"dtype {dtype} is not supported by the P2P transport") from None
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view (or copy, when not contiguous) of a tensor of any shape, 0-dim included."""
     flat = tensor.contiguous().reshape(-1)
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=tensor.device)
-
-
-def _size_class(nbytes: int) -> int:
-    return max(4096, 1 << (max(nbytes, 1) - 1).bit_length())
-
-
-def _release(segment: _Segment, unlink: bool) -> None:
-    del segment.tensor  # the tensor exports the buffer; it must go before the mapping closes
-    with contextlib.suppress(BufferError):  # a user still holds a view (an empty() tensor): stay mapped
-        segment.shm.close()
-    if unlink:
-        with contextlib.suppress(FileNotFoundError):
-            segment.shm.unlink()

@@ -8,6 +8,7 @@ the *other* peer wait behind the send to the late one; through nsysan's P2P tran
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -40,6 +41,13 @@ class Links:
             self.p2p.close()
 
 
+def _timed_wait(handle: object) -> float:
+    """Wait for a transfer; the seconds it took (what the transport costs a stage)."""
+    start = time.perf_counter()
+    handle.wait()
+    return time.perf_counter() - start
+
+
 def main() -> None:
     args = parse(__doc__.splitlines()[0], ("gloo", "p2p", "nccl"))
     rank, world, device = init(args.transport)
@@ -49,8 +57,10 @@ def main() -> None:
     links = Links(args.transport, rank, world)
     weight = torch.eye(WIDTH, device=device) * 1.01
     prev, nxt = rank - 1, rank + 1
+    step_seconds, wait_seconds = [], []
     for step in range(args.steps):
-        pending = []
+        pending, waited = [], 0.0
+        start = time.perf_counter()
         with annotate(f"step {step}"):
             if rank == late_rank:
                 with annotate("late start"):
@@ -60,7 +70,7 @@ def main() -> None:
                 with annotate(f"forward mb{mb}"):
                     x = torch.full((64, WIDTH), float(mb + 1), device=device)
                     if prev >= 0:
-                        links.irecv(x, prev, tag=mb).wait()
+                        waited += _timed_wait(links.irecv(x, prev, tag=mb))
                     x = x @ weight
                     acts.append(x)
                     if nxt < world:
@@ -70,15 +80,24 @@ def main() -> None:
                 with annotate(f"backward mb{mb}"):
                     g = torch.ones_like(acts[mb])
                     if nxt < world:
-                        links.irecv(g, nxt, tag=100 + mb).wait()
+                        waited += _timed_wait(links.irecv(g, nxt, tag=100 + mb))
                     g = g @ weight.T
                     if prev >= 0:
                         with annotate(f"send gradient to {prev}"):
                             pending.append(links.isend(g.clone(), prev, tag=100 + mb))
             for handle in pending:
-                handle.wait()
+                waited += _timed_wait(handle)
+        step_seconds.append(time.perf_counter() - start)
+        wait_seconds.append(waited)
         if rank == world - 1:  # micro-batch 0 started as ones and went through every stage's weight
             assert torch.allclose(acts[0], torch.full_like(acts[0], 1.01**world)), "activations corrupted"
+    medians = torch.tensor([statistics.median(step_seconds), statistics.median(wait_seconds)], device=device)
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX)  # a pipeline step ends with its slowest stage
+    if rank == 0:
+        step_ms, wait_ms = (x * 1e3 for x in medians.tolist())
+        print(f"pipeline [{args.transport}]: {MICROBATCHES} micro-batches of {64 * WIDTH * 4 // 1024} KiB, "
+              f"per-step time (median of {args.steps}, slowest rank): {step_ms:.2f} ms, "
+              f"of which waiting for transfers {wait_ms:.2f} ms (stage {late_rank} starts {late_s * 1e3:.0f} ms late)")  # fmt: skip
     dist.barrier()
     links.close()
     dist.destroy_process_group()

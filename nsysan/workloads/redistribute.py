@@ -79,6 +79,11 @@ def main() -> None:
         if rank == 0:
             print(f"redistribute [{args.transport}] {way}: {moved} blocks = {moved * block_bytes / 2**20:.0f} MiB moved, "
                   f"slowest rank's best of {args.steps}: {slowest.item() * 1e3:.1f} ms")  # fmt: skip
+        per_step = torch.tensor(timings[way], device=device)  # each step ends with its slowest rank
+        dist.all_reduce(per_step, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            steps = ", ".join(f"{x * 1e3:.1f}" for x in per_step.tolist())
+            print(f"redistribute [{args.transport}] {way}: per-step time (slowest rank), ms: {steps}")
     dist.barrier()
     links.close()
     dist.destroy_process_group()
