@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install Debian's Nsight Systems (2022.4, non-free) into a private prefix without touching the
 # system's apt setup. `apt-get install nsight-systems` fails on machines without the NVIDIA driver
-# (it depends on libcuda1), so we download the two .debs and unpack them. See ../shared/NSYS.md.
-# Prints the path of the nsys binary on its last line.
+# (it depends on libcuda1), so we download the two .debs and unpack them. docs/testing.md says what
+# it does step by step. Prints the path of the nsys binary on its last line.
 set -euo pipefail
 
 prefix=${NSYSAN_NSYS_PREFIX:-$HOME/.cache/nsysan/nsys}
@@ -43,7 +43,9 @@ apt-get "${apt_private[@]}" update -qq
 # The host tools need libssh at run time.
 if ! ldconfig -p | grep -q 'libssh\.so\.4'; then
     if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libssh-4 >/dev/null
+        # wait for another apt (unattended upgrades, a parallel job) rather than fail on its lock
+        apt-get -o DPkg::Lock::Timeout=300 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq libssh-4 >/dev/null
     else
         echo "install-nsys: libssh-4 is missing; install it (apt-get install libssh-4) and re-run" >&2
         exit 1

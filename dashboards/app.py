@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ class Server:
     uploads_dir: Path = Path("nsysan-uploads")
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_MB * 2**20
     users: dict[str, str] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)  # why exports in traces_dir were not registered (last scan)
     timelines: TimelineCache = field(init=False)
     scan_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     analysis: AnalysisQueue = field(init=False)
@@ -127,7 +129,8 @@ def start(server: Server, host: str, port: int) -> None:
     app = create_app(server)
     server.analysis.resume()
     if server.traces_dir is not None:
-        scan_directory(server)
+        for reason in scan_directory(server).errors:  # also listed in the library
+            print(f"nsysan: not registered: {reason}", file=sys.stderr, flush=True)
     try:
         app.run(host=host, port=port, debug=False)
     finally:

@@ -48,8 +48,15 @@ def jobs_in(directory: Path) -> list[list[Path]]:
     return jobs
 
 
+def job_name(files: Sequence[Path], directory: Path) -> str:
+    """What the library calls a job: a file's stem, or its directory's name for a directory of
+    exports (a capture's run directory holds ``report.sqlite``: its name is the directory's)."""
+    return files[0].stem if files[0].parent == directory else files[0].parent.name
+
+
 def scan_directory(server: Server) -> Registered:
-    """Register the traces in ``server.traces_dir`` that the store does not have yet."""
+    """Register the traces in ``server.traces_dir`` that the store does not have yet. Those refused
+    are kept in ``server.refused`` (replaced on every scan), so the library can say why."""
     result = Registered()
     if server.traces_dir is None:
         return result
@@ -58,11 +65,11 @@ def scan_directory(server: Server) -> Registered:
         for files in jobs_in(server.traces_dir):
             if tuple(str(p.resolve()) for p in files) in known:
                 continue
-            name = files[0].stem if len(files) == 1 else files[0].parent.name
             try:
-                result.ids.append(server.store.register(files, name=name))
-            except NsysanError as exc:
-                result.errors.append(str(exc))
+                result.ids.append(server.store.register(files, name=job_name(files, server.traces_dir)))
+            except NsysanError as exc:  # shown to reviewers: paths relative to the traces directory
+                result.errors.append(_without_server_paths(str(exc), server.traces_dir))
+        server.refused = list(result.errors)
     for trace_id in result.ids:
         server.analysis.submit(trace_id)
     return result

@@ -30,6 +30,20 @@ app = typer.Typer(
 OutputFormat = Enum("OutputFormat", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]
 
 
+# an --output file's suffix -> the format it implies when --format is not given
+SUFFIX_FORMATS = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html"}
+
+
+def output_format_for(given: Optional[str], output: Optional[Path]) -> str:
+    """The format to write: --format when given, else the one --output's suffix names, else terminal.
+    A --format that contradicts the suffix is refused rather than writing, say, text into a .json file."""
+    implied = SUFFIX_FORMATS.get(output.suffix.lower()) if output is not None else None
+    if given is not None and implied is not None and given != implied:
+        raise InputError(f"--format {given} contradicts --output {output} (a {implied} file name); "
+                         f"drop --format or rename the file")  # fmt: skip
+    return given or implied or "terminal"
+
+
 class FailOn(str, Enum):
     warning = "warning"
     critical = "critical"
@@ -62,9 +76,10 @@ def report(
         ),
     ],
     output_format: Annotated[
-        OutputFormat,
-        typer.Option("--format", "-f", help="terminal for reading; json for tools and CI; markdown/html to share."),
-    ] = OutputFormat.terminal,
+        Optional[OutputFormat],
+        typer.Option("--format", "-f", help="terminal for reading; json for tools and CI; markdown/html to share. "
+                     "Default: from --output's suffix (.json, .md, .html), else terminal.", show_default=False),
+    ] = None,
     output: Annotated[
         Optional[Path],
         typer.Option("--output", "-o", help="Write the report to this file instead of standard output."),
@@ -98,13 +113,14 @@ def report(
 
     from nsysan.diff import build_profile, capture_notes, read_manifest
 
+    fmt = output_format_for(output_format.value if output_format else None, output)
     overrides = parse_settings(settings or [])
     manifests = [m for m in map(read_manifest, traces) if m is not None]  # run directories of `nsysan capture`
     if output is not None and output.resolve() in {p.resolve() for p in expand_inputs(traces)}:
         raise InputError(f"{output}: is one of the input traces; choose another --output file")
     with load_trace(traces) as trace:
         doc = analyse(trace, overrides)
-        if output_format.value == "json":  # what `nsysan diff` needs from a saved baseline
+        if fmt == "json":  # what `nsysan diff` needs from a saved baseline
             doc["profile"] = build_profile(trace, summary=doc["summary"])
     if manifests:
         doc["capture"] = manifests[0] if len(manifests) == 1 else manifests
@@ -113,11 +129,11 @@ def report(
         doc["summary"]["limitations"][:0] = notes
         for note in notes:
             typer.echo(f"nsysan: warning: {note}", err=True)
-    if output_format.value == "terminal":
+    if fmt == "terminal":
         interactive = output is None and sys.stdout.isatty()
         text = render_terminal(doc, width=None if interactive else 160, color=interactive)
     else:
-        text = RENDERERS[output_format.value](doc)
+        text = RENDERERS[fmt](doc)
     if output is None:
         sys.stdout.write(text)
     else:
@@ -158,8 +174,9 @@ def diff(
                                           show_default=False)],
     after: Annotated[str, typer.Argument(help="The capture after the change, in any of the same forms.", show_default=False)],
     output_format: Annotated[
-        OutputFormat, typer.Option("--format", "-f", help="terminal; json (versioned, docs/diff.md); markdown for a PR comment; html.")
-    ] = OutputFormat.terminal,
+        Optional[OutputFormat], typer.Option("--format", "-f", help="terminal; json (versioned, docs/diff.md); markdown for a PR "
+                                             "comment; html. Default: from --output's suffix, else terminal.", show_default=False)
+    ] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the diff to this file.")] = None,
     fail_on_regression: Annotated[
         Optional[str], typer.Option("--fail-on-regression", metavar="PCT", help="Exit 3 when --metric is worse by more than "
@@ -189,6 +206,7 @@ def diff(
 
     if metric not in METRICS and not (metric.startswith("kernel:") and len(metric) > 7):
         raise InputError(f"--metric {metric!r}: one of step, busy, nccl, kernel:NAME")
+    fmt = output_format_for(output_format.value if output_format else None, output)
     threshold = parse_threshold(fail_on_regression) if fail_on_regression is not None else None
     overrides = parse_settings(settings or [])
     if output is not None:
@@ -205,11 +223,11 @@ def diff(
     verdict = gate(doc, *sides, threshold=threshold, metric=metric, fail_on=fail_on.value if fail_on else None)
     if threshold is not None or fail_on is not None:
         doc["gate"] = verdict
-    if output_format.value == "terminal":
+    if fmt == "terminal":
         interactive = output is None and sys.stdout.isatty()
         text = render_terminal(doc, width=None if interactive else 160, color=interactive)
     else:
-        text = RENDERERS[output_format.value](doc)
+        text = RENDERERS[fmt](doc)
     _write(text, output)
     if verdict["failed"]:
         raise GateFailed("; ".join(verdict["reasons"]))
@@ -239,29 +257,55 @@ def capture(
     Example: nsysan capture -- torchrun --nproc_per_node=4 train.py
     """
     from nsysan.capture import capture as run_capture
-    from nsysan.capture import check_nsys, run_directory
+    from nsysan.capture import check_nsys, check_overrides, run_directory
     from nsysan.workloads import WORKLOADS, torchrun_command
 
     if workload is not None:
+        from nsysan.workloads.preflight import check_workload
+
         if command:
             raise InputError("give either --workload or a command after `--`, not both")
         if workload not in WORKLOADS:
             raise InputError(f"unknown workload {workload!r}; bundled: {', '.join(WORKLOADS)}")
-        if transport not in WORKLOADS[workload][1]:
-            raise InputError(f"workload {workload} runs with --transport {' or '.join(WORKLOADS[workload][1])}")
+        check_workload(workload, nproc, transport)  # a workload that cannot run would still leave an empty report
         command = torchrun_command(workload, nproc, transport)
     if not command:
         raise InputError("no command to capture: give one after `--`, or --workload NAME")
+    try:
+        check_overrides(nsys_options or [])
+    except ValueError as exc:
+        raise InputError(f"--nsys: {exc}") from None
     nsys = check_nsys()  # before creating anything
     name = workload or Path(command[0]).name
     manifest, run_dir = run_capture(
         command, run_directory(output_dir, name), nsys_options=nsys_options or [], nsys=nsys,
         workload={"name": workload, "nproc": nproc, "transport": transport} if workload else None,
     )  # fmt: skip
-    if "sqlite" in manifest.outputs:
+    empty = _nothing_recorded(manifest.outputs.get("sqlite"))
+    if empty:
+        failed = f"the job failed (exit code {manifest.exit_code}; see its messages above) and " if manifest.exit_code else ""
+        typer.echo(f"nsysan: {failed}the capture recorded nothing to report ({empty}); "
+                   f"{run_dir / 'manifest.json'} has what was run", err=True)  # fmt: skip
+    elif "sqlite" in manifest.outputs:
         typer.echo(f"nsysan: next: nsysan report {manifest.outputs['sqlite']}", err=True)
     if manifest.exit_code:
         sys.exit(manifest.exit_code)
+
+
+def _nothing_recorded(sqlite: Optional[str]) -> Optional[str]:
+    """Why a capture's export has nothing `nsysan report` can read (no CUDA activity and no NVTX
+    events, say), or None when it can be reported: a next step that fails would send the user in a
+    circle."""
+    from nsysan.ingest import load_trace
+
+    if sqlite is None:
+        return None
+    try:
+        with load_trace([sqlite]):
+            return None
+    except InputError as exc:  # its own text would suggest capturing with nsysan capture: a circle
+        text = str(exc)
+        return "no CUDA activity and no NVTX events" if "no CUDA activity and no NVTX events" in text else text
 
 
 @app.command()
@@ -306,7 +350,7 @@ def serve(
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8050,
     users_file: Annotated[
         Optional[Path],
-        typer.Option("--users", help='A TOML file with a [users] table of name = "<hash>" (see `nsysan hash-password`); '
+        typer.Option("--users", help='A TOML file with a \\[users] table of name = "<hash>" (see `nsysan hash-password`); '
                      "NSYSAN_USERS=name=<hash>,... adds more."),
     ] = None,
     uploads_dir: Annotated[Path, typer.Option("--uploads", help="Where uploaded exports are kept.")] = Path("nsysan-uploads"),

@@ -20,7 +20,7 @@ def need(condition: bool, what: str) -> None:
     if condition:
         return
     if IN_CI:
-        pytest.fail(f"{what} is required in CI (.ci/run installs it)", pytrace=False)
+        pytest.fail(f"{what} is required under CI=true", pytrace=False)
     pytest.skip(f"{what} not available on this machine")
 
 
@@ -29,7 +29,26 @@ def sha256(path: Path) -> str:
 
 
 def realtraces_dir() -> Path:
+    """The real exports: ../shared/realtraces beside this repository's CI checkout, or NSYSAN_REALTRACES."""
     return Path(os.environ.get("NSYSAN_REALTRACES", REPO.parent / "shared" / "realtraces"))
+
+
+def _missing_traces(src: Path) -> str:
+    return f"the real traces ({src}: no *.sqlite.xz; kept outside the repository, NSYSAN_REALTRACES=DIR names a copy)"
+
+
+REAL_TRACE_FIXTURES = ("realtraces", "nsysai_traces")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test parametrized over the real traces gets no parameters when they are missing, and
+    pytest would skip it as "got empty parameter set"; let its fixture say what is missing instead
+    (and fail it under CI)."""
+    for item in items:
+        if not set(REAL_TRACE_FIXTURES) & set(getattr(item, "fixturenames", ())):
+            continue
+        item.own_markers = [m for m in item.own_markers
+                            if not (m.name == "skip" and str(m.kwargs.get("reason", "")).startswith("got empty parameter set"))]  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +56,7 @@ def realtraces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The real exports of ../shared/realtraces, decompressed once per session: name -> path."""
     src = realtraces_dir()
     files = sorted(src.glob("*.sqlite.xz")) if src.is_dir() else []
-    need(bool(files), f"the real traces in {src}")
+    need(bool(files), _missing_traces(src))
     return _decompress(files, tmp_path_factory.mktemp("realtraces"))
 
 
@@ -61,7 +80,7 @@ def nsysai_traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     decompressed once per session: short name (``mfu_2gpu_before``...) -> path."""
     src = realtraces_dir() / "nsys-ai"
     files = sorted(src.glob("*.sqlite.xz")) if src.is_dir() else []
-    need(bool(files), f"the real traces in {src}")
+    need(bool(files), _missing_traces(src))
     traces = _decompress(files, tmp_path_factory.mktemp("nsysai"))
     return {name.removeprefix(NSYS_AI_PREFIX): path for name, path in traces.items()}
 

@@ -4,8 +4,9 @@
 # Needs root (as CI and these machines run).
 set -euo pipefail
 if [ ! -x /usr/bin/chromium ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    # wait for another apt (unattended upgrades, a parallel job) rather than fail on its lock
+    apt-get -o DPkg::Lock::Timeout=300 update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq chromium >/dev/null
 fi
 /usr/bin/chromium --headless --no-sandbox --disable-gpu --version >/dev/null 2>&1
 echo /usr/bin/chromium

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from nsysan.capture import nsys_argv
+from nsysan.capture import capture, nsys_argv
+from nsysan.errors import InputError
 from nsysan.ingest import load_trace
+from nsysan.workloads.preflight import WorkloadCannotRun, check_workload
 from tests.conftest import need
 
 
@@ -101,6 +103,9 @@ def test_failing_workload_keeps_its_report_and_exit_code(nsys_bin, tmp_path):
     manifest = json.loads((_only_run(tmp_path) / "manifest.json").read_text())
     assert manifest["status"] == "workload failed" and manifest["exit_code"] == 3
     assert Path(manifest["outputs"]["nsys-rep"]).exists()
+    # it recorded nothing nsysan can report: no next step that would fail and point back at capture
+    assert "nsysan: next:" not in r.stderr
+    assert "the job failed (exit code 3" in r.stderr and "recorded nothing to report" in r.stderr
 
 
 @pytest.mark.nsys
@@ -157,3 +162,48 @@ def test_newer_options_only_where_nsys_has_them():
     # a user's own value wins
     assert "--cuda-event-trace=false" in nsys_argv("nsys", "out", ["python"], ["--cuda-event-trace=false"],
                                                    supported="--cuda-event-trace")  # fmt: skip
+
+
+def _probes(*, missing: tuple[str, ...] = (), gpus: int = 0) -> dict:
+    return {"installed": lambda module: module not in missing, "gpus": lambda: gpus}
+
+
+@pytest.mark.parametrize(("name", "nproc", "transport", "probes", "says"), [
+    ("pipeline", 4, "p2p", _probes(missing=("torch",)), 'needs PyTorch, which'),
+    ("pipeline", 4, "gloo", _probes(missing=("nvtx",)), 'needs the nvtx package'),
+    ("pipeline", 4, "nccl", _probes(), "--transport nccl needs CUDA GPUs"),
+    ("pipeline", 4, "nccl", _probes(gpus=2), "needs one GPU per rank: --nproc 4, but PyTorch sees 2"),
+    ("redistribute", 2, "p2p", _probes(), "runs on exactly 4 ranks: use --nproc 4"),
+    ("pipeline", 1, "gloo", _probes(), "needs at least 2 ranks"),
+    ("graph-allreduce", 2, "nccl", _probes(), "workload graph-allreduce needs CUDA GPUs"),
+    ("pg-scaling", 2, "p2p", _probes(), "runs with --transport gloo or nccl"),
+])  # fmt: skip
+def test_a_workload_that_cannot_run_here_is_refused(name, nproc, transport, probes, says):
+    with pytest.raises(WorkloadCannotRun) as refused:
+        check_workload(name, nproc, transport, **probes)
+    assert says in str(refused.value)
+
+
+def test_a_workload_that_can_run_passes():
+    check_workload("redistribute", 4, "p2p", **_probes())
+    check_workload("graph-allreduce", 2, "nccl", **_probes(gpus=2))
+
+
+@pytest.mark.parametrize("hidden", ["torch", "nvtx"])
+def test_a_workload_without_its_packages_never_starts_nsys(tmp_path, hidden):
+    code = (f"import sys; sys.modules[{hidden!r}] = None; sys.argv = ['nsysan', 'capture', '-d', {str(tmp_path / 'runs')!r}, "
+            "'--workload', 'pipeline', '--nproc', '2']; from nsysan.cli import main; main()")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "NSYS": str(tmp_path / "no-nsys")})  # nsys is never looked for  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert 'pip install "nsysan[workloads]"' in r.stderr and not (tmp_path / "runs").exists()
+
+
+def test_an_output_override_is_refused_before_a_run_directory_exists(tmp_path):
+    r = nsysan("capture", "-d", str(tmp_path / "runs"), "--nsys=--output=foo", "--", "true")
+    assert r.returncode == 2 and "the output is set by nsysan capture" in r.stderr
+    assert not (tmp_path / "runs").exists()
+    run = tmp_path / "run"  # the library call refuses it before creating its directory too
+    with pytest.raises(InputError, match="--nsys: the output is set"):
+        capture(["true"], run, nsys_options=["-o=foo"], nsys=(Path("/nonexistent/nsys"), "2022.4"))
+    assert not run.exists()

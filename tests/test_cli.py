@@ -120,3 +120,65 @@ def test_fail_on_exit_code_from_the_real_command(tmp_path):
 def test_python_dash_m_and_console_script_agree():
     a = subprocess.run([sys.executable, "-m", "nsysan", "--version"], capture_output=True, text=True, timeout=60)
     assert a.returncode == 0 and a.stdout.strip() == f"nsysan {__version__}"
+
+
+@pytest.mark.parametrize(("suffix", "starts"), [(".json", "{"), (".md", "# nsysan report"), (".html", "<!doctype html>"),
+                                                (".txt", "─")])  # fmt: skip
+def test_the_output_suffix_chooses_the_format(tmp_path, suffix, starts):
+    out = tmp_path / f"report{suffix}"
+    result = invoke("report", SAMPLE, "-o", str(out))
+    assert result.exit_code == 0 and out.read_text().lstrip().lower().startswith(starts.lower())
+    if suffix == ".json":
+        assert json.loads(out.read_text())["traces"][0]["path"] == SAMPLE
+
+
+def test_a_format_contradicting_the_suffix_is_refused(tmp_path):
+    for command in (["report", SAMPLE], ["diff", SAMPLE, SAMPLE]):
+        out = tmp_path / "report.json"
+        r = subprocess.run([sys.executable, "-m", "nsysan", *command, "--format", "markdown", "-o", str(out)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "--format markdown contradicts --output" in r.stderr and not out.exists()
+    assert invoke("report", SAMPLE, "--format", "json", "-o", str(tmp_path / "same.json")).exit_code == 0
+
+
+def test_share_of_run_is_a_number_shown_as_a_sentence():
+    stall = str(sample_paths("pipeline-stall")[0])
+    doc = json.loads(invoke("report", stall, "--format", "json").output)
+    share = doc["findings"][0]["evidence"]["share_of_run"]
+    assert isinstance(share, float) and 0 < share < 100 and round(share, 1) == share
+    assert f"evidence.share_of_run: {share:.1f}% of the run" in invoke("report", stall).output
+    assert f"**evidence.share_of_run**: {share:.1f}% of the run" in invoke("report", stall, "-f", "markdown").output
+
+
+def test_share_of_run_formats_numbers_unknowns_and_old_sentences():
+    from nsysan.detect.common import share_text
+    from nsysan.report.format import share_of_run
+
+    assert share_text(571, 1000) == 57.1 and share_text(5, 0) is None
+    assert share_of_run(57.1) == "57.1% of the run" and share_of_run(None) == "run length unknown"
+    assert share_of_run("57.1% of the run") == "57.1% of the run"  # a report saved by an earlier nsysan
+
+
+def test_serve_help_keeps_the_users_table_name():
+    result = runner.invoke(app, ["serve", "--help"], terminal_width=200)
+    assert result.exit_code == 0 and "[users] table" in result.output
+
+
+def _serve(*args: str, hide: str = "") -> subprocess.CompletedProcess[str]:
+    """`nsysan serve` through the console entry point (its exit codes), optionally without a module."""
+    code = f"import sys; sys.modules[{hide!r}] = None; " if hide else "import sys; "
+    code += f"sys.argv = ['nsysan', 'serve', *{list(args)!r}]; from nsysan.cli import main; main()"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("db", "hide", "says"), [
+    ("sqlite:////nonexistent/dir/x.sqlite", "", "the directory /nonexistent/dir does not exist"),
+    ("postgresql+psycopg://u:secret@127.0.0.1:1/x", "psycopg", 'pip install "nsysan[postgres]"'),
+    ("postgresql+psycopg://u:secret@127.0.0.1:1/x", "", "Connection refused"),
+])  # fmt: skip
+def test_a_store_that_cannot_be_opened_is_a_user_error(db, hide, says):
+    r = _serve("--db", db, hide=hide)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("nsysan: error: ") and says in r.stderr
+    assert "internal error" not in r.stderr and "secret" not in r.stderr

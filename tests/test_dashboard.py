@@ -15,6 +15,7 @@ from dashboards import ids
 from dashboards.app import Server, route
 from dashboards.auth import _safe_next, hash_password, is_loopback, load_users
 from dashboards.library import UploadRefused, jobs_in, save_upload, scan_directory
+from dashboards.pages import library as library_page
 from dashboards.pages.findings import FILTERS
 from dashboards.timeline import TimelineData, evidence_correlation_ids
 from fixtures.samples import SAMPLES_DIR, sample_paths
@@ -207,7 +208,24 @@ def test_scan_registers_each_file_and_each_directory_of_ranks_once(server, tmp_p
     assert server.analysis.wait(60)
     assert {t["name"]: t["status"] for t in server.store.traces()} == {"graph-gap": "ready", "job-a": "ready"}
     assert scan_directory(server).ids == []  # nothing registered twice
+    # the refused export stays listed, with why, in reviewers' terms (no server paths)
+    assert server.refused == [found.errors[0]] and found.errors[0].startswith("broken.sqlite: ")
+    page = str(library_page.layout(server).to_plotly_json())
+    assert "Not registered from traces/ (1):" in page and found.errors[0] in page
     assert {p: sha256(p) for p in traces.rglob("*.sqlite")} == before  # read-only
+
+
+def test_a_capture_run_directory_is_named_by_the_directory(server, tmp_path):
+    runs = tmp_path / "nsysan-runs"  # as `nsysan capture` leaves them: one report.sqlite per run
+    for run, sample in (("20260101-120000-pipeline", "pipeline-stall"), ("20260101-130000-pipeline", "graph-gap")):
+        (runs / run).mkdir(parents=True)
+        shutil.copy(SAMPLES_DIR / f"{sample}.sqlite", runs / run / "report.sqlite")
+        (runs / run / "manifest.json").write_text("{}")
+    server.traces_dir = runs
+    assert len(scan_directory(server).ids) == 2 and server.refused == []
+    assert sorted(t["name"] for t in server.store.traces()) == ["20260101-120000-pipeline", "20260101-130000-pipeline"]
+    assert "Not registered" not in str(library_page.layout(server).to_plotly_json())
+    assert server.analysis.wait(60)
 
 
 def test_users_come_hashed_from_a_file_or_the_environment(tmp_path):

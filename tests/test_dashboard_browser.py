@@ -92,7 +92,7 @@ def test_review_a_finding_and_see_it_persist(browser, served, tmp_path):
 
     # the finding: zoomed timeline with its evidence, advice, then review it
     page.locator("#finding-timeline .main-svg").first.wait_for()
-    assert "NCCL runs a stream's operations in order" in page.locator(".advice").inner_text()
+    assert "NCCL runs a stream's (and a communicator's) operations in order" in page.locator(".advice").inner_text()
     assert '"late_rank": 3' in page.locator(".evidence").inner_text()
     page.click("#finding-status")
     page.get_by_role("option", name="confirmed").click()

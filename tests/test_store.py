@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
 import threading
 
 import pytest
@@ -11,7 +12,7 @@ import sqlalchemy as sa
 
 from fixtures.samples import sample_paths
 from nsysan.errors import InputError
-from nsysan.store import NotFound, ReviewStore, StaleEdit, store_url
+from nsysan.store import NotFound, ReviewStore, StaleEdit, StoreUnavailable, store_url
 from nsysan.store.models import SCHEMA_VERSION, Base
 from nsysan.store.store import MIGRATIONS
 from tests.conftest import need
@@ -233,3 +234,30 @@ def test_a_store_from_a_newer_nsysan_is_refused(url):
     engine.dispose()
     with pytest.raises(InputError, match="newer than this nsysan"):
         ReviewStore(url)
+
+
+def test_a_sqlite_store_in_a_missing_directory_is_refused_in_one_line(tmp_path):
+    with pytest.raises(StoreUnavailable, match=f"the directory {tmp_path / 'nope'} does not exist"):
+        ReviewStore(tmp_path / "nope" / "review.sqlite")
+    assert not (tmp_path / "nope").exists()
+
+
+def test_a_missing_database_driver_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if psycopg were not installed
+    with pytest.raises(StoreUnavailable, match=r'driver is not installed \(psycopg\); pip install "nsysan\[postgres\]"'):
+        ReviewStore("postgresql+psycopg://user:secret@127.0.0.1/db")
+
+
+def test_a_url_that_is_not_one_is_refused_without_its_password():
+    with pytest.raises(StoreUnavailable) as refused:
+        ReviewStore("postgresql+psycopg://user:secret@host:notaport/db")
+    assert "not a store URL" in str(refused.value) and "secret" not in str(refused.value)
+
+
+def test_a_wrong_postgresql_password_is_a_user_error():
+    url = os.environ.get("NSYSAN_TEST_PG_URL")
+    need(bool(url), "a PostgreSQL server (NSYSAN_TEST_PG_URL, set by tests/run.sh)")
+    wrong = sa.engine.make_url(url).set(password="not-the-password")
+    with pytest.raises(StoreUnavailable, match="cannot open the store .*password authentication failed") as refused:
+        ReviewStore(wrong.render_as_string(hide_password=False))
+    assert "not-the-password" not in str(refused.value) and "***" in str(refused.value)

@@ -17,6 +17,7 @@ from dashboards import ids
 from dashboards.app import Server
 from dashboards.pages.common import duration, missing, severity_badge, thread, where, zoomed_figure
 from nsysan.errors import InputError
+from nsysan.report.format import share_of_run
 from nsysan.store import FINDING_STATUSES, NotFound, StaleEdit
 
 
@@ -37,7 +38,7 @@ def layout(server: Server, finding_id: int) -> html.Div:
         html.P([dcc.Link(f"← {trace['name']}", href=f"/traces/{f['trace_id']}"), " · ",
                 dcc.Link("all findings", href=f"/traces/{f['trace_id']}/findings")], className="meta"),
         html.H1([severity_badge(f["severity"]), " ", f["title"]], className="finding-title"),
-        html.P(f"{f['kind']} · {where(f)} · impact {duration(f['impact_ns'])} · window {duration(f['end_ns'] - f['start_ns'])} "
+        html.P(f"{f['kind']} · {where(f)} · impact {duration(f['impact_ns'])}{_share(f)} · window {duration(f['end_ns'] - f['start_ns'])} "
                "(outlined in red; the evidence kernels are drawn thick and red)", className="meta"),
         dcc.Store(id=ids.FINDING_ID, data=finding_id),
         dcc.Store(id=ids.TRACE_ID, data=f["trace_id"]),
@@ -92,6 +93,12 @@ def register(app: dash.Dash, server: Server) -> None:
     def _zoom(relayout: dict[str, Any] | None, finding_id: int) -> Any:
         f = server.store.finding(finding_id)
         return zoomed_figure(server, f["trace_id"], relayout, highlight=f)
+
+
+def _share(f: dict[str, Any]) -> str:
+    """The impact's share of the run, as " (57.1% of the run)", when the detector gave one."""
+    evidence = f.get("evidence") or {}
+    return f" ({share_of_run(evidence['share_of_run'])})" if "share_of_run" in evidence else ""
 
 
 def _comments(comments: list[dict[str, Any]]) -> Any:

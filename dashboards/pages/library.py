@@ -61,7 +61,21 @@ def register(app: dash.Dash, server: Server) -> None:
         return _table(server)
 
 
-def _table(server: Server) -> html.Table | html.P:
+def _table(server: Server) -> html.Div:
+    """The library table, after the exports of the traces directory that were refused, and why."""
+    return html.Div([_refused(server), _traces(server)])
+
+
+def _refused(server: Server) -> html.Div | None:
+    if not server.refused or server.traces_dir is None:
+        return None
+    return html.Div(className="refused", children=[
+        html.P(f"Not registered from {server.traces_dir.name}/ ({len(server.refused)}):", className="error"),
+        html.Ul([html.Li(reason, className="error") for reason in server.refused]),
+    ])  # fmt: skip
+
+
+def _traces(server: Server) -> html.Table | html.P:
     rows = server.store.traces()
     if not rows:
         return html.P("No traces yet: upload an export, or start the server with --traces DIR.")

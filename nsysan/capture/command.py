@@ -34,17 +34,23 @@ def split_option(arg: str) -> tuple[str, str | None]:
     return _SHORT.get(name, name), (value if sep else None)
 
 
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Refuse the options nsysan must set itself (the output), before any run directory exists."""
+    for arg in overrides:
+        if split_option(arg)[0] in ("-o", "--output"):
+            raise ValueError("the output is set by nsysan capture (--output-dir)")
+
+
 def nsys_argv(nsys: str, output: str, command: Sequence[str], overrides: Sequence[str] = (),
               supported: Container[str] = ()) -> list[str]:  # fmt: skip
     """``nsys profile`` argv: defaults (and those of :data:`NEWER_OPTIONS` in ``supported``), then the
     user's ``--option=value`` overrides (an override of a default replaces it; anything else is
     appended as given), then the workload command."""
     options = dict(DEFAULT_OPTIONS) | {k: v for k, v in NEWER_OPTIONS.items() if k in supported}
+    check_overrides(overrides)
     extra: list[str] = []
     for arg in overrides:
         name, value = split_option(arg)
-        if name in ("-o", "--output"):
-            raise ValueError("the output is set by nsysan capture (--output-dir)")
         if name in options and value is not None:
             options[name] = value
         else:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nsysan import __version__
-from nsysan.capture.command import nsys_argv
+from nsysan.capture.command import check_overrides, nsys_argv
 from nsysan.errors import InputError, NsysanError
 from nsysan.nsys import find_nsys, nsys_version
 
@@ -114,13 +114,14 @@ def capture(
     """
     if not command:
         raise InputError("no command to capture: give one after `--`, or --workload NAME")
+    try:
+        check_overrides(nsys_options)  # before anything is created: a refused capture leaves no directory
+    except ValueError as exc:
+        raise InputError(f"--nsys: {exc}") from None
     nsys_path, version = nsys or check_nsys()
     output_dir.mkdir(parents=True, exist_ok=True)
     base = output_dir / REPORT
-    try:
-        argv = nsys_argv(str(nsys_path), str(base), command, nsys_options, supported=profile_options(nsys_path))
-    except ValueError as exc:
-        raise InputError(f"--nsys: {exc}") from None
+    argv = nsys_argv(str(nsys_path), str(base), command, nsys_options, supported=profile_options(nsys_path))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(HOOK_DIR), *filter(None, [env.get("PYTHONPATH")])])
     manifest = Manifest(

@@ -42,8 +42,11 @@ def run_ns(trace: Trace) -> pd.Series:
     return out.fillna(0).astype("int64")
 
 
-def share_text(impact_ns: int, run: int) -> str:
-    return f"{100.0 * impact_ns / run:.1f}% of the run" if run > 0 else "run length unknown"
+def share_text(impact_ns: int, run: int) -> float | None:
+    """Evidence ``share_of_run``: the impact as a percentage of the run (57.1 is 57.1%), rounded to
+    0.1; None when the run length is unknown. A number, so tools can compare it; the renderers
+    write "57.1% of the run"."""
+    return round(100.0 * impact_ns / run, 1) if run > 0 else None
 
 
 def grade(findings: list[tuple[Finding, int]], p: SeverityParams) -> list[Finding]:

@@ -35,6 +35,16 @@ def percent(p: Any) -> str:
     return "-" if p is None else f"{float(p):.1f}%"
 
 
+def share_of_run(value: Any) -> str:
+    """A finding's ``share_of_run`` (a percentage, or None) as a sentence; a saved report or store
+    from before it was a number holds the sentence already."""
+    if value is None:
+        return "run length unknown"
+    if isinstance(value, str):
+        return value
+    return f"{float(value):.1f}% of the run"
+
+
 def ranks(values: Any) -> str:
     return ",".join(str(v) for v in values) if values else "-"
 

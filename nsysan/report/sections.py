@@ -86,7 +86,8 @@ def finding_lines(finding: dict[str, Any]) -> list[tuple[str, str]]:
         ("when", f"{fmt.timestamp(start)} to {fmt.timestamp(end)} ({fmt.duration(end - start)}, the export's clock)"),
         ("impact", fmt.duration(finding["impact_ns"])),
     ]
-    lines += [(f"evidence.{k}", _value(v)) for k, v in finding.get("evidence", {}).items()]
+    lines += [(f"evidence.{k}", fmt.share_of_run(v) if k == "share_of_run" else _value(v))
+              for k, v in finding.get("evidence", {}).items()]
     lines.append(("fix", finding["advice"]))
     return lines
 

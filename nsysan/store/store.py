@@ -41,6 +41,15 @@ class NotFound(InputError):
     pass
 
 
+class StoreUnavailable(InputError):
+    """The store named by ``--db`` cannot be opened: a missing driver, a wrong URL or password, a
+    server that does not answer, a SQLite file in a directory that does not exist."""
+
+
+# SQLAlchemy dialect -> the extra that installs its driver
+_DRIVER_EXTRAS = {"postgresql": "postgres"}
+
+
 def store_url(url_or_path: str | os.PathLike[str] | None) -> str:
     """A SQLAlchemy URL: given as one, or a SQLite file path (default ``nsysan-review.sqlite``)."""
     text = str(url_or_path or "nsysan-review.sqlite")
@@ -63,9 +72,24 @@ class Comparison:
 class ReviewStore:
     def __init__(self, url: str | os.PathLike[str] | None = None) -> None:
         self.url = store_url(url)
-        self.engine = sa.create_engine(self.url, pool_pre_ping=True)
+        shown = _shown(self.url)
+        try:
+            self.engine = sa.create_engine(self.url, pool_pre_ping=True)
+        except ImportError as exc:  # the dialect's driver (psycopg) is not installed
+            dialect = shown.split(":", 1)[0].split("+", 1)[0]
+            extra = _DRIVER_EXTRAS.get(dialect)
+            fix = f'pip install "nsysan[{extra}]"' if extra else f"install the {exc.name or 'database'} driver"
+            raise StoreUnavailable(f"{shown}: its database driver is not installed ({exc.name or exc}); {fix}") from None
+        except (sa.exc.ArgumentError, ValueError) as exc:
+            # a parse error's text repeats the URL, password included: only a missing dialect is named
+            why = f" ({exc})" if isinstance(exc, sa.exc.NoSuchModuleError) else ""
+            raise StoreUnavailable(f"{shown}: not a store URL{why}; give a SQLite file or a URL such as "
+                                   "postgresql+psycopg://user:password@host/db") from None  # fmt: skip
         self._session = sessionmaker(self.engine, expire_on_commit=False)
-        self._migrate()
+        try:
+            self._migrate()
+        except sa.exc.OperationalError as exc:
+            raise StoreUnavailable(f"{shown}: cannot open the store ({_reason(exc, self.url)})") from None
 
     def _migrate(self) -> None:
         """Create missing tables, then bring a store written by an older nsysan up to
@@ -273,6 +297,23 @@ class ReviewStore:
             step_ns_after=steps["after"],
             diff=doc,
         )
+
+
+def _shown(url: str) -> str:
+    """The URL as it may be printed: without its password."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except (sa.exc.ArgumentError, ValueError):
+        return "the store URL"
+
+
+def _reason(exc: sa.exc.OperationalError, url: str) -> str:
+    """The driver's first line, and for SQLite the usual cause of "unable to open"."""
+    first = (str(exc.orig) if exc.orig is not None else str(exc)).strip().splitlines()[0]
+    database = sa.engine.make_url(url).database
+    if url.startswith("sqlite") and database and not Path(database).parent.is_dir():
+        return f"{first}: the directory {Path(database).parent} does not exist; create it or choose another --db"
+    return first
 
 
 def _add_column(conn: sa.Connection, column: sa.Column[Any]) -> None:
