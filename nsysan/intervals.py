@@ -5,6 +5,28 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from nsysan.errors import InputError
+
+_INT64_MAX = 2**63 - 1
+
+
+def check_sum_fits(values: pd.Series) -> None:
+    """Refuse, rather than wrap around, when non-negative int64 values could sum beyond int64.
+
+    The bound max * count is exact enough and costs one pass; only a damaged export (timestamps
+    near the readers' limit in thousands of rows) can fail it.
+    """
+    if len(values) == 0:
+        return
+    largest = values.max()
+    if pd.isna(largest) or int(largest) <= 0:
+        return
+    if int(largest) * len(values) > _INT64_MAX and float(values.astype("float64").sum()) >= 2.0**62:
+        raise InputError(
+            f"durations or sizes add up beyond what int64 holds ({len(values)} values up to {int(largest)}); "
+            "the export's timestamps are damaged: export it again from the .nsys-rep"
+        )
+
 
 def union_ns(intervals: pd.DataFrame, keys: list[str]) -> pd.Series:
     """Length of the union of [start_ns, end_ns) intervals per group: time something was running."""

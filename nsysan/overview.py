@@ -11,10 +11,12 @@ import pandas as pd
 
 from nsysan.ingest.frames import NVTX_RANGE_TYPES
 from nsysan.ingest.trace import Trace
-from nsysan.intervals import union_ns
+from nsysan.intervals import check_sum_fits, union_ns
 
 TOP_N = 15
 PEER_TO_PEER = "Peer-to-Peer"
+# Byte counts beyond this (256 TiB in one call) are damage, not data: shown as unknown.
+MAX_BYTES = 2**48
 
 
 # The kernel columns the overview reads: a 1M-kernel trace costs only these.
@@ -58,7 +60,9 @@ def device_table(trace: Trace) -> pd.DataFrame:
     span_ns = span["last"] - span["first"]
     busy = union_ns(activity, keys).reindex(span.index, fill_value=0)
     k = _kernels(trace).dropna(subset=["device"]).astype({"device": "int64"})
-    per_kernel = k.assign(d=k["end_ns"] - k["start_ns"]).groupby(keys).agg(
+    k = k.assign(d=k["end_ns"] - k["start_ns"])
+    check_sum_fits(k["d"])
+    per_kernel = k.groupby(keys).agg(
         kernels=("d", "size"), kernel_ns=("d", "sum")
     )
     pairs = activity[[*keys, "rank"]].dropna().drop_duplicates().sort_values("rank")
@@ -76,6 +80,7 @@ def top_kernels(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
     if k.empty:
         return pd.DataFrame(columns=columns)
     d = k.assign(dur=k["end_ns"] - k["start_ns"], nccl=k["nccl_kind"].notna())
+    check_sum_fits(d["dur"])
     g = d.groupby("short_name", observed=True).agg(
         nccl=("nccl", "first"), count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean")
     )
@@ -93,7 +98,9 @@ def nccl_table(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     sized = attach_nccl_bytes(nccl, trace)
     d = sized.assign(dur=sized["end_ns"] - sized["start_ns"])
-    d["bytes"] = d["nccl_bytes"].astype("Int64").astype(object).where(d["nccl_bytes"].notna(), "unknown")
+    check_sum_fits(d["dur"])
+    size = _plausible_bytes(d["nccl_bytes"])
+    d["bytes"] = size.astype(object).where(size.notna(), "unknown")
     g = d.groupby(["nccl_kind", "nccl_op", "bytes"], observed=True).agg(
         count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean")
     )
@@ -138,7 +145,9 @@ def copy_table(trace: Trace) -> pd.DataFrame:
     columns = ["copy_kind", "count", "bytes", "total_ns"]
     if m.empty:
         return pd.DataFrame(columns=columns)
-    d = m.assign(dur=m["end_ns"] - m["start_ns"])
+    d = m.assign(dur=m["end_ns"] - m["start_ns"], bytes=_plausible_bytes(m["bytes"]).fillna(0))
+    check_sum_fits(d["dur"])
+    check_sum_fits(d["bytes"])
     g = d.groupby("copy_kind", observed=True).agg(count=("dur", "size"), bytes=("bytes", "sum"), total_ns=("dur", "sum"))
     return g.reset_index().sort_values("total_ns", ascending=False)[columns].reset_index(drop=True)
 
@@ -150,6 +159,7 @@ def nvtx_range_table(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
     if ranges.empty:
         return pd.DataFrame(columns=columns)
     d = ranges.assign(dur=(ranges["end_ns"] - ranges["start_ns"]).astype("int64"), range=ranges["text"].astype(object).fillna(""))
+    check_sum_fits(d["dur"])
     g = d.groupby(["domain", "range"], observed=True).agg(count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"))
     return g.reset_index().sort_values("total_ns", ascending=False).head(n)[columns].reset_index(drop=True)
 
@@ -164,12 +174,35 @@ def transfer_table(trace: Trace) -> pd.DataFrame:
     t = v[(v["domain"] == "nsysan") & text.str.startswith("p2p ") & v["end_ns"].notna()]
     if t.empty:
         return pd.DataFrame(columns=columns)
-    d = t.assign(transfer=text[t.index], dur=(t["end_ns"] - t["start_ns"]).astype("int64"), nbytes=t["payload_int"].fillna(0))
+    d = t.assign(transfer=text[t.index], dur=(t["end_ns"] - t["start_ns"]).astype("int64"),
+                 nbytes=_plausible_bytes(t["payload_int"]).fillna(0))  # fmt: skip
+    check_sum_fits(d["dur"])
+    check_sum_fits(d["nbytes"])
     g = d.groupby("transfer").agg(
         ranks=("rank", lambda r: ",".join(str(int(x)) for x in sorted(set(r.dropna())))),
         count=("dur", "size"), bytes=("nbytes", "sum"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"),
     )  # fmt: skip
     return g.reset_index().sort_values("total_ns", ascending=False)[columns].reset_index(drop=True)
+
+
+def _plausible_bytes(values: pd.Series) -> pd.Series:
+    """Byte counts as Int64, NA where the value cannot be a size (negative, absurd, not a number)."""
+    size = pd.to_numeric(values, errors="coerce").astype("Float64")
+    return size.where((size >= 0) & (size < MAX_BYTES)).astype("Int64")
+
+
+def dropped_notes(trace: Trace) -> list[str]:
+    """What the readers left out or repaired, one sentence each ("12 kernels with end before start
+    ignored"), so nobody takes a figure for complete when rows could not be computed with."""
+    trace.audit_times()
+    notes = list(trace.input_notes)
+    dropped = trace.dropped_rows()
+    n = len(trace.exports)
+    for (what, reason), part in dropped.groupby(["what", "reason"], sort=False):
+        k = part["export"].nunique()
+        where = "" if n == 1 else f" ({'every export' if k == n else f'{k} of {n} exports'})"
+        notes.append(f"{int(part['rows'].sum())} {what} {reason}{where}." if what else f"{reason}{where}.")
+    return notes
 
 
 def export_table(trace: Trace) -> pd.DataFrame:
@@ -259,7 +292,7 @@ def limitations(trace: Trace, exports: pd.DataFrame | None = None) -> list[str]:
         )
     if n > 1 and any(e.session_start_utc_ns is None for e in trace.exports):
         notes.append("Some exports lack a session start time: their clocks cannot be aligned across ranks.")
-    return notes
+    return notes + dropped_notes(trace)
 
 
 def build_overview(trace: Trace) -> Overview:

@@ -12,7 +12,9 @@ import json
 import os
 import re
 import sqlite3
+import stat
 import struct
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -29,6 +31,12 @@ CHUNK_ROWS = 250_000
 # Integer reads convert each chunk at once; small chunks keep the row tuples in cache (measured:
 # 20k rows per chunk reads 1M kernels ~40% faster than 250k).
 INT_CHUNK_ROWS = 20_000
+
+# The latest timestamp nsysan accepts (about 2.3 years of ns since the session start): far beyond
+# any capture, and small enough that sums of a few hundred such durations stay inside int64.
+MAX_TIMESTAMP_NS = 2**56
+# Session start times (UTC ns since 1970) beyond this are not a date in this era.
+MAX_UTC_NS = 2**62
 
 _RAW_REPORT_SUFFIXES = (".nsys-rep", ".qdrep", ".qdstrm")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,6 +57,13 @@ def _check_sqlite_file(path: Path) -> None:
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: is a directory with no .sqlite exports in it")
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if not stat.S_ISREG(mode):
+        # Opening a FIFO would block until a writer appears; a device could stream forever.
+        raise InputError(f"{path}: not a regular file (a FIFO, device or socket); give the .sqlite export itself")
     if path.suffix.lower() in _RAW_REPORT_SUFFIXES:
         raise InputError(
             f"{path}: is a raw nsys report, not its SQLite export; "
@@ -93,6 +108,14 @@ class NsysExport:
         self._engine = sa.create_engine(url, poolclass=NullPool)
         self._conn: sa.Connection | None = None
         self._enums: dict[str, pd.DataFrame] = {}
+        self._replace_bad_utf8 = False
+        # (what, reason) -> rows left out or repaired while reading, for the report's limitations
+        self.dropped: Counter[tuple[str, str]] = Counter()
+        # per table, rows left out for their timestamps: by a read of the whole table, or else
+        # by the largest filtered read (only the rows nsysan looked at)
+        self.time_drops: dict[str, Counter[tuple[str, str]]] = {}
+        self.partial_time_drops: dict[str, Counter[tuple[str, str]]] = {}
+        self._usable: dict[str, np.ndarray | None] = {}  # a read's verdict on its rows' timestamps
         self.columns_by_table = self._read_catalogue()
         if "StringIds" not in self.columns_by_table:
             self.close()
@@ -125,6 +148,7 @@ class NsysExport:
         return CorruptExportError(f"{self.path}: SQLite cannot read this export ({reason})")
 
     def _read_catalogue(self) -> dict[str, tuple[str, ...]]:
+        """Tables and views with their columns; schema text that is not UTF-8 means a damaged file."""
         try:
             conn = self._connection()
             names = [
@@ -140,9 +164,13 @@ class NsysExport:
                 cols = conn.exec_driver_sql(f"PRAGMA table_info({name})").fetchall()
                 catalogue[name] = tuple(c[1] for c in cols)
             return catalogue
-        except sa.exc.DatabaseError as exc:
+        except (sa.exc.DatabaseError, sqlite3.DatabaseError, UnicodeDecodeError) as exc:
             self.close()
-            raise self._corrupt(exc) from None
+            if not isinstance(exc, UnicodeDecodeError) and "decode" not in str(exc).lower():
+                raise self._corrupt(exc) from None
+            raise CorruptExportError(
+                f"{self.path}: corrupt export (schema text is not UTF-8); copy or export it again"
+            ) from None
 
     # -- schema -----------------------------------------------------------------------------
 
@@ -151,6 +179,11 @@ class NsysExport:
 
     def columns(self, table: str) -> tuple[str, ...]:
         return self.columns_by_table.get(table, ())
+
+    def has_columns(self, table: str, *names: str) -> bool:
+        """Whether ``table`` has every column of ``names``, compared as SQLite does (ignoring case)."""
+        have = {c.casefold() for c in self.columns(table)}
+        return all(n.casefold() in have for n in names)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -164,7 +197,10 @@ class NsysExport:
         is not an integer after all, the query is read again the general way.
         """
         try:
-            cursor = self._connection().connection.dbapi_connection.cursor()
+            dbapi = self._connection().connection.dbapi_connection
+            if self._replace_bad_utf8:
+                dbapi.text_factory = _lenient_text
+            cursor = dbapi.cursor()
             try:
                 cursor.execute(sql, params)
                 names = [d[0] for d in cursor.description]
@@ -180,6 +216,11 @@ class NsysExport:
             finally:
                 cursor.close()
         except (sa.exc.DatabaseError, sqlite3.DatabaseError) as exc:
+            if not self._replace_bad_utf8 and "decode" in str(getattr(exc, "orig", exc)).lower():
+                # One bad byte must not cost a whole export: decode with replacement characters.
+                self._replace_bad_utf8 = True
+                self.dropped[("", "Text with bytes that are not UTF-8 is shown with replacement characters")] = 1
+                return self.query(sql, params, integers=integers)
             raise self._corrupt(exc) from None
         if not parts:
             return pd.DataFrame({n: pd.Series(dtype="int64" if integers else "object") for n in names})
@@ -192,7 +233,7 @@ class NsysExport:
     def scalar(self, sql: str, params: tuple[object, ...] = ()) -> object:
         try:
             return self._connection().exec_driver_sql(sql, params).scalar()
-        except sa.exc.DatabaseError as exc:
+        except (sa.exc.DatabaseError, sqlite3.DatabaseError) as exc:
             raise self._corrupt(exc) from None
 
     def has_rows(self, table: str | None) -> bool:
@@ -212,28 +253,57 @@ class NsysExport:
             return 0
         return int(self.scalar(f"SELECT count(*) FROM {table}") or 0)
 
+    def dropped_counts(self) -> Counter[tuple[str, str]]:
+        """(what, reason) -> rows left out or repaired so far, all tables together."""
+        out = Counter(self.dropped)
+        for table in set(self.time_drops) | set(self.partial_time_drops):
+            out.update(self.time_drops.get(table, self.partial_time_drops.get(table, Counter())))
+        return out
+
     # -- strings and enums ------------------------------------------------------------------
 
     def strings(self, ids: np.ndarray) -> pd.Series:
-        """The StringIds values of ``ids``, indexed by id."""
-        wanted = json.dumps([int(i) for i in np.unique(ids)])
-        df = self.query("SELECT id, value FROM StringIds WHERE id IN (SELECT value FROM json_each(?))", (wanted,))
-        return pd.Series(df["value"].to_numpy(dtype=object), index=df["id"].to_numpy(dtype=np.int64))
+        """The StringIds values of ``ids``, indexed by id; ids the table lacks (dangling) read as
+        ``<unknown string N>`` so a damaged table never turns a name into a missing value."""
+        unique = np.unique(np.asarray(ids, dtype=np.int64))
+        wanted = json.dumps(unique.tolist())
+        df = self.query(
+            "SELECT id AS id, CAST(value AS TEXT) AS value FROM StringIds "
+            "WHERE typeof(id) = 'integer' AND id IN (SELECT value FROM json_each(?))",
+            (wanted,),
+        )
+        found = pd.Series(df["value"].to_numpy(dtype=object), index=df["id"].to_numpy(dtype=np.int64))
+        found = found[~found.index.duplicated()]
+        dangling = unique[~np.isin(unique, found.index.to_numpy())]
+        if len(dangling):
+            self.dropped[("string ids", "missing from StringIds, shown as <unknown string N>")] += len(dangling)
+            labels = pd.Series([f"<unknown string {i}>" for i in dangling.tolist()], index=dangling, dtype=object)
+            found = pd.concat([found.astype(object), labels])
+        return found.fillna("").astype(str)
 
     def resolve(self, ids: pd.Series) -> pd.Categorical:
         """Turn a column of StringIds ids into a categorical of their text (NA stays missing)."""
-        present = pd.to_numeric(ids, errors="coerce").dropna().to_numpy(dtype=np.int64)
+        filled, missing = _whole_ids(pd.Series(ids))
+        present = filled[~missing]
         return _categorical_from_ids(ids, self.strings(present))
 
     def enum(self, table: str) -> pd.DataFrame:
         """An ``ENUM_*`` table as (id, name, label); empty when this export lacks it."""
         if table not in self._enums:
-            cols = self.columns(table)
-            if "id" not in cols or "name" not in cols:
-                self._enums[table] = pd.DataFrame({"id": [], "name": [], "label": []})
+            if not self.has_columns(table, "id", "name"):
+                self._enums[table] = pd.DataFrame(
+                    {"id": pd.Series(dtype="int64"), "name": pd.Series(dtype=object), "label": pd.Series(dtype=object)}
+                )
             else:
-                label = "label" if "label" in cols else "name"
-                self._enums[table] = self.query(f"SELECT id, name, {label} AS label FROM {table}")
+                label = "label" if self.has_columns(table, "label") else "name"
+                # Only integer ids name a value; text names whatever SQLite stored.
+                df = self.query(
+                    f"SELECT id AS id, CAST(name AS TEXT) AS name, CAST({label} AS TEXT) AS label FROM {table} "
+                    "WHERE typeof(id) = 'integer'"
+                )
+                df["id"] = df["id"].astype("int64")
+                df["name"], df["label"] = df["name"].fillna("").astype(str), df["label"].fillna("").astype(str)
+                self._enums[table] = df
         return self._enums[table]
 
     # -- metadata ---------------------------------------------------------------------------
@@ -242,13 +312,17 @@ class NsysExport:
     def meta(self) -> ExportMeta:
         values: dict[str, str] = {}
         for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
-            if {"name", "value"} <= set(self.columns(table)):
-                df = self.query(f"SELECT name, value FROM {table}")
-                values.update(zip(df["name"].astype(str), df["value"].astype(str)))
+            if self.has_columns(table, "name", "value"):
+                df = self.query(f"SELECT CAST(name AS TEXT) AS name, CAST(value AS TEXT) AS value FROM {table}")
+                values.update(zip(df["name"].fillna("").astype(str), df["value"].fillna("").astype(str)))
         start = None
-        if "utcEpochNs" in self.columns("TARGET_INFO_SESSION_START_TIME"):
+        if self.has_columns("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
             value = self.scalar("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1")
-            start = int(value) if value is not None else None
+            # Anything but a whole ns count of this era cannot align clocks: treat it as unknown.
+            if isinstance(value, int) and 0 <= value < MAX_UTC_NS:
+                start = value
+            elif value is not None:
+                self.dropped[("session start times", "not a valid UTC time, clocks not aligned")] += 1
         return ExportMeta(
             nsys_version=values.get("EXPORT_PRODUCT_VERSION", ""),
             schema_version=values.get("EXPORT_SCHEMA_VERSION", ""),
@@ -257,30 +331,67 @@ class NsysExport:
 
     def capture_env(self) -> dict[str, str]:
         """Environment variables nsys recorded for the launched process (newer exports only)."""
-        if not {"name", "value"} <= set(self.columns("META_DATA_CAPTURE")):
+        if not self.has_columns("META_DATA_CAPTURE", "name", "value"):
             return {}
         df = self.query(
-            "SELECT value FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_%:ENVIRONMENT_VARIABLE'"
+            "SELECT CAST(value AS TEXT) AS value FROM META_DATA_CAPTURE WHERE name LIKE 'PROCESS_%:ENVIRONMENT_VARIABLE'"
         )
         env = {}
-        for item in df["value"].astype(str):
+        for item in df["value"].dropna().astype(str):
             key, sep, value = item.partition("=")
             if sep:
                 env[key] = value.strip('"')
         return env
 
 
+def _lenient_text(raw: bytes) -> str:
+    """SQLite text to str, undecodable bytes replaced (the fallback once strict decoding failed)."""
+    return raw.decode("utf-8", errors="replace")
+
+
+def object_ints(col: pd.Series) -> pd.Series:
+    """A column of mixed SQLite values as Int64: integers exactly (no trip through float), whole
+    REALs as their integer, text, BLOBs and other REALs as NA. Only damaged columns get here."""
+    kinds = col.map(type)
+    out = pd.Series(pd.NA, index=col.index, dtype="Int64")
+    is_int = kinds.eq(int).to_numpy()
+    if is_int.any():
+        out[is_int] = pd.array(col[is_int].tolist(), dtype="Int64")
+    is_float = kinds.eq(float).to_numpy()
+    if is_float.any():
+        f = col[is_float].astype("float64")
+        with np.errstate(invalid="ignore"):
+            whole = (np.isfinite(f) & (f % 1 == 0) & (f.abs() < 2.0**63)).to_numpy()
+        out[np.flatnonzero(is_float)[whole]] = f[whole].astype("int64").to_numpy()
+    return out
+
+
+def _whole_ids(ids: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """ids as int64 plus a mask of those that are no id (NA, text, fractions, beyond int64)."""
+    if ids.dtype == np.int64:
+        return ids.to_numpy(), np.zeros(len(ids), dtype=bool)
+    if ids.dtype == "Int64":
+        missing = ids.isna().to_numpy()
+        return ids.fillna(-1).to_numpy(dtype=np.int64), missing
+    if ids.dtype == object:
+        exact = object_ints(ids)
+        missing = exact.isna().to_numpy()
+        return exact.fillna(-1).to_numpy(dtype=np.int64), missing
+    numeric = pd.to_numeric(ids, errors="coerce").astype("float64").to_numpy()
+    with np.errstate(invalid="ignore"):
+        missing = ~(np.isfinite(numeric) & (numeric % 1 == 0) & (np.abs(numeric) < 2.0**63))
+    return np.where(missing, -1, numeric).astype(np.int64), missing
+
+
 def _categorical_from_ids(ids: pd.Series, lookup: pd.Series) -> pd.Categorical:
-    values = ids.to_numpy()
     if lookup.empty:  # string categories even when none resolve, so exports concatenate
-        return pd.Categorical.from_codes(np.full(len(values), -1), categories=np.array([], dtype=str))
+        return pd.Categorical.from_codes(np.full(len(ids), -1), categories=np.array([], dtype=str))
     lookup = lookup[~lookup.index.duplicated()]
     categories, cat_codes = np.unique(lookup.to_numpy(dtype=object).astype(str), return_inverse=True)
     order = np.argsort(lookup.index.to_numpy())
     sorted_ids = lookup.index.to_numpy()[order]
     sorted_codes = cat_codes[order]
-    missing = pd.isna(values)
-    filled = np.where(missing, -1, values).astype(np.int64) if missing.any() else values.astype(np.int64)
+    filled, missing = _whole_ids(pd.Series(ids))
     pos = np.searchsorted(sorted_ids, filled)
     pos = np.clip(pos, 0, len(sorted_ids) - 1)
     found = (sorted_ids[pos] == filled) & ~missing

@@ -10,13 +10,15 @@ with the same columns.
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from nsysan.ingest.export import NsysExport
+from nsysan.ingest.export import MAX_TIMESTAMP_NS, NsysExport, object_ints
 from nsysan.ingest.tables import find_table
 
 # globalTid = <hw:8><vm:8><pid:24><tid:24>; globalPid carries only the pid part.
@@ -37,7 +39,8 @@ def _ident(name: str) -> str:
     return f'"{name}"'
 
 
-# NULL in an integer column is read as this sentinel, so all-integer selects take numpy's fast path.
+# NULL in an integer column is read as this sentinel, so all-integer selects take numpy's fast
+# path. A real value equal to it is told apart by a second look at that column (see _select).
 _NULL_INT = -(2**63)
 
 
@@ -53,11 +56,99 @@ Source = str | Expr
 
 
 def _available(src: Source, have: set[str]) -> bool:
-    return src.needs <= have if isinstance(src, Expr) else src in have
+    """Whether the export has what ``src`` reads; ``have`` is casefolded (SQLite ignores case)."""
+    if isinstance(src, Expr):
+        return {n.casefold() for n in src.needs} <= have
+    return src.casefold() in have
 
 
 def source_sql(src: Source) -> str:
     return f"({src.sql})" if isinstance(src, Expr) else _ident(src)
+
+
+# What the rows of each table are called in the report's notes on dropped rows.
+_ROW_NOUNS = {
+    "CUPTI_ACTIVITY_KIND_KERNEL": "kernels", "CUPTI_ACTIVITY_KIND_MEMCPY": "memory copies",
+    "CUPTI_ACTIVITY_KIND_MEMSET": "memsets", "CUPTI_ACTIVITY_KIND_RUNTIME": "CUDA runtime calls",
+    "CUPTI_ACTIVITY_KIND_DRIVER": "CUDA driver calls", "NVTX_EVENTS": "NVTX events",
+    "CUPTI_ACTIVITY_KIND_OVERHEAD": "CUPTI overhead records", "PROFILER_OVERHEAD": "profiler overhead records",
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": "synchronization records",
+    "CUPTI_ACTIVITY_KIND_CUDA_EVENT": "CUDA event records", "CUDA_GRAPH_NODE_EVENTS": "graph node records",
+    "CUDA_GRAPH_EVENTS": "graph records", "CUPTI_ACTIVITY_KIND_GRAPH_TRACE": "graph launches",
+}  # fmt: skip
+
+_TIME_COLUMNS = ("start_ns", "end_ns", "timestamp_ns")
+_MISSING = "with a missing or non-integer timestamp"
+_OUT_OF_RANGE = "with a timestamp out of range"
+_END_BEFORE_START = "with end before start"
+# Integer columns where -2**63 is a value a program can write (NVTX payloads; a uint64 of 2**63
+# is stored so). Anywhere else it is no id or time, and reads as missing like NULL.
+_FULL_RANGE = frozenset({"int64", "uint64"})
+
+
+def _valid_times(columns: Mapping[str, Source], required: tuple[str, ...]) -> str:
+    """The SQL condition a row's timestamps must meet (see _time_checks), written for speed: it is
+    evaluated on every row of every read, so each column costs a type test and two comparisons."""
+    cols = {out: _ident(columns[out]) for out in _TIME_COLUMNS if isinstance(columns.get(out), str)}
+    parts = []
+    for out, c in cols.items():
+        low = cols["start_ns"] if out == "end_ns" and "start_ns" in cols else "0"
+        test = f"typeof({c}) = 'integer' AND {c} >= {low} AND {c} <= {MAX_TIMESTAMP_NS}"
+        if out == "end_ns" and "start_ns" in cols and "start_ns" not in required:
+            test = f"typeof({c}) = 'integer' AND ({cols['start_ns']} IS NULL OR {c} >= {low}) AND {c} <= {MAX_TIMESTAMP_NS}"
+        parts.append(test if out in required else f"({c} IS NULL OR ({test}))")
+    return " AND ".join(parts)
+
+
+def _time_checks(columns: Mapping[str, Source], required: tuple[str, ...]) -> list[tuple[str, str]]:
+    """SQL conditions a row's timestamps must meet, each with the reason a row fails it.
+
+    Timestamps are whole ns in [0, MAX_TIMESTAMP_NS]; an end is not before its start. A time
+    column the reader requires may not be NULL; an optional one (an NVTX mark's end) may. Every
+    condition is written so that it is never NULL itself, so ``NOT (...)`` finds the failures.
+    """
+    cols = {out: columns[out] for out in _TIME_COLUMNS if isinstance(columns.get(out), str)}
+    checks = []
+    for out, src in cols.items():
+        c = _ident(src)
+        # -2**63 is the readers' NULL: the numpy verdict sees it as missing, so this does too
+        integer = f"(typeof({c}) = 'integer' AND {c} != {_NULL_INT})"
+        integer = integer if out in required else f"({c} IS NULL OR {integer})"
+        checks.append((integer, _MISSING))
+        checks.append(
+            (f"({c} IS NULL OR typeof({c}) != 'integer' OR {c} BETWEEN 0 AND {MAX_TIMESTAMP_NS})",
+             _OUT_OF_RANGE)
+        )  # fmt: skip
+    if "start_ns" in cols and "end_ns" in cols:
+        s, e = _ident(cols["start_ns"]), _ident(cols["end_ns"])
+        checks.append(
+            (f"({s} IS NULL OR {e} IS NULL OR typeof({s}) != 'integer' OR typeof({e}) != 'integer' OR {e} >= {s})",
+             _END_BEFORE_START)
+        )  # fmt: skip
+    return checks
+
+
+def _split_where(where: str) -> tuple[str, str]:
+    """A caller's ``WHERE ... ORDER BY ...`` tail as (condition, ordering)."""
+    match = re.search(r"(?is)\bORDER\s+BY\b.*$", where)
+    order = match.group(0) if match else ""
+    cond = where[: match.start()] if match else where
+    cond = re.sub(r"(?is)^\s*WHERE\b", "", cond).strip()
+    return cond, order
+
+
+def _audit(x: NsysExport, table: str, checks: list[tuple[str, str]], valid: str) -> None:
+    """Count in SQL, by first reason, the rows of a table no reader has judged yet that a reader
+    would leave out: one scan, in C, of the table's time columns."""
+    if table in x.time_drops or table in x.partial_time_drops:  # a read already judged them
+        return
+    counts: Counter[tuple[str, str]] = Counter()
+    x.time_drops[table] = counts
+    reason = "CASE " + " ".join(f"WHEN NOT {c} THEN {i}" for i, (c, _) in enumerate(checks)) + " END"
+    df = x.query(f"SELECT {reason} AS r, count(*) AS n FROM {table} WHERE NOT ({valid}) GROUP BY r", integers=True)
+    noun = _ROW_NOUNS.get(table, f"rows of {table}")
+    for r, n in zip(df["r"].tolist(), df["n"].tolist()):
+        counts[(noun, checks[int(r)][1] + " ignored")] += int(n)
 
 
 def _select(
@@ -68,14 +159,24 @@ def _select(
     ints: tuple[str, ...] = (),
     where: str = "",
     params: tuple[object, ...] = (),
+    reals: tuple[str, ...] = (),
+    times: Mapping[str, Source] | None = None,
 ) -> pd.DataFrame:
     """SELECT ``columns`` (tidy name -> source column or expression) that exist; absent optional
     ones become NA. Columns named in ``ints`` come back int64, or nullable Int64 where some rows
-    are NULL.
+    are NULL or hold no whole int64; ``reals`` come back as SQLite stored them; every other column
+    is text (a BLOB or number where text belongs is read as text).
+
+    Rows whose timestamps (``start_ns``/``end_ns``/``timestamp_ns`` of ``times``, by default of
+    ``columns``) are missing, not integers, out of range or end before they start are left out
+    (judged in numpy: a condition in SQL would cost every row of every read), and counted (see
+    :meth:`NsysExport.dropped_counts`): no reader hands on a time it cannot compute with.
+    ``where`` is a caller's ``WHERE ...`` and/or ``ORDER BY ...`` tail.
     """
-    have = set(x.columns(table)) if table else set()
+    have = {c.casefold() for c in x.columns(table)} if table else set()
     present = {out: src for out, src in columns.items() if _available(src, have)}
-    missing_required = any(not _available(columns[r], have) for r in required)
+    sources = {**(times or {}), **columns}
+    missing_required = any(r not in sources or not _available(sources[r], have) for r in required)
     if table is None or missing_required or not present:
         # absent table: no rows; table present without any wanted column: NA on every row
         rows = 0 if table is None or missing_required else x.count(table)
@@ -83,19 +184,131 @@ def _select(
         for out in ints:
             df[out] = df[out].astype("Int64")
         return df
-    # Integer columns never come back with NULLs (pandas would turn them to float and round
-    # large ids): NULL reads as a sentinel that becomes NA below.
-    exprs = ", ".join(
-        f"IFNULL({source_sql(src)}, {_NULL_INT}) AS {_ident(out)}" if out in ints else f"{source_sql(src)} AS {_ident(out)}"
-        for out, src in present.items()
-    )
-    df = x.query(f"SELECT {exprs} FROM {table} {where}", params, integers=set(present) <= set(ints))
+    time_sources = {
+        out: src for out, src in (columns if times is None else times).items()
+        if out in _TIME_COLUMNS and _available(src, have)
+    }  # fmt: skip
+    cond, order = _split_where(where)
+    tail = (f"WHERE {cond} " if cond else "") + order
+
+    def expr(out: str, src: Source) -> str:
+        if out in time_sources:  # only integers, never NULL: REAL/text/BLOB/NULL read as the sentinel (NA)
+            return _int_sql(src) + f" AS {_ident(out)}"
+        if out in ints:  # never NULL (pandas would turn the column to float and round large ids)
+            return f"IFNULL({source_sql(src)}, {_NULL_INT}) AS {_ident(out)}"
+        if out in reals:
+            return f"{source_sql(src)} AS {_ident(out)}"
+        return f"CAST({source_sql(src)} AS TEXT) AS {_ident(out)}"
+
+    exprs = ", ".join(expr(out, src) for out, src in present.items())
+    df = x.query(f"SELECT {exprs} FROM {table} {tail}", params, integers=set(present) <= set(ints))
     for out in columns:
         if out not in df:
             df[out] = pd.NA
     for out in ints:
         df[out] = _as_int(df[out], present=out in present)
+        if out in _FULL_RANGE and out in present and df[out].dtype == "Int64":
+            df[out] = _restore_sentinel(x, table, present[out], df[out], tail, params)
+    if time_sources:
+        read = {out: df[out] for out in time_sources if out in present}
+        keep = _usable_rows(x, table, read, time_sources, required, tail, params, counted=not cond)
+        if keep is not None:
+            df = df[keep].reset_index(drop=True)
+            for out in ints:  # no NA left in a time column: back to plain int64
+                if out in time_sources and out in required and df[out].dtype == "Int64":
+                    df[out] = df[out].astype("int64")
     return df[list(columns)]
+
+
+def _int_sql(src: Source) -> str:
+    """An integer column typed in SQL: its integers as they are, anything else as the sentinel.
+
+    Every value reaches numpy as an int64 (the fast path, which would truncate a REAL 0.5 to 0
+    without a word), and pandas never turns a column with NULLs to float, rounding large ids.
+    """
+    sql = source_sql(src)
+    return f"CASE typeof({sql}) WHEN 'integer' THEN {sql} ELSE {_NULL_INT} END"
+
+
+def _usable_rows(
+    x: NsysExport,
+    table: str,
+    read: Mapping[str, pd.Series],
+    time_sources: Mapping[str, Source],
+    required: tuple[str, ...],
+    tail: str,
+    params: tuple[object, ...],
+    counted: bool,
+) -> np.ndarray | None:
+    """Which rows of ``df`` have usable timestamps (None: all of them), judged in numpy.
+
+    A read that lacks the time columns (a later read of more kernel columns) reuses the verdict of
+    an earlier read of the same rows in the same order, or reads just the times to judge them.
+    What a read left out is recorded on ``x.time_drops`` (a read of the whole table, ``counted``)
+    or ``x.partial_time_drops`` (a filtered read: only the rows it looked at).
+    """
+    key = f"{table} {tail}"
+    if len(read) == len(time_sources):
+        times = dict(read)
+    elif key in x._usable:
+        return x._usable[key]
+    else:
+        exprs = ", ".join(_int_sql(src) + f" AS {_ident(out)}" for out, src in time_sources.items())
+        raw = x.query(f"SELECT {exprs} FROM {table} {tail}", params, integers=True)
+        times = {out: _as_int(raw[out], present=True) for out in time_sources}
+    keep, reasons = _time_verdict(times, required)
+    noun = _ROW_NOUNS.get(table, f"rows of {table}")
+    counts = Counter({(noun, reason + " ignored"): n for reason, n in reasons.items()})
+    if counted:
+        x._usable[key] = keep
+        x.time_drops.setdefault(table, counts)
+    elif table not in x.partial_time_drops or sum(counts.values()) > sum(x.partial_time_drops[table].values()):
+        x.partial_time_drops[table] = counts
+    return keep
+
+
+def _time_verdict(times: Mapping[str, pd.Series], required: tuple[str, ...]) -> tuple[np.ndarray | None, Counter[str]]:
+    """Rows to keep (None: all) and, by first reason, how many were not; the same rules and order
+    of reasons as _time_checks, vectorised."""
+    n = len(next(iter(times.values())))
+    keep = np.ones(n, dtype=bool)
+    reasons: Counter[str] = Counter()
+    values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def drop(bad: np.ndarray, reason: str) -> None:
+        new = bad & keep
+        if new.any():
+            reasons[reason] += int(new.sum())
+            keep[new] = False
+
+    for out, col in times.items():
+        if col.dtype == np.int64:
+            na, v = np.zeros(n, dtype=bool), col.to_numpy()
+        else:
+            na, v = col.isna().to_numpy(), col.fillna(0).to_numpy(dtype=np.int64)
+        values[out] = (na, v)
+        if out in required:
+            drop(na, _MISSING)
+        drop(~na & ((v < 0) | (v > MAX_TIMESTAMP_NS)), _OUT_OF_RANGE)
+    if "start_ns" in values and "end_ns" in values:
+        (s_na, s), (e_na, e) = values["start_ns"], values["end_ns"]
+        drop(~s_na & ~e_na & (e < s), _END_BEFORE_START)
+    return (None if keep.all() else keep), reasons
+
+
+def _restore_sentinel(
+    x: NsysExport, table: str, src: Source, col: pd.Series, tail: str, params: tuple[object, ...]
+) -> pd.Series:
+    """Put back real -2**63 values (a uint64 payload of 2**63 is stored so) that read as NA.
+
+    NULL reads as that same value, so SQLite is asked, once in C, whether the column holds it at
+    all; only then is the column read again to tell which rows are the value and which are NULL.
+    """
+    value = f"(typeof({source_sql(src)}) = 'integer' AND {source_sql(src)} = {_NULL_INT})"
+    if not x.scalar(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {value})"):
+        return col
+    rows = x.query(f"SELECT {value} AS s FROM {table} {tail}", params, integers=True)["s"].to_numpy() == 1
+    return col.mask(rows, _NULL_INT)
 
 
 def _as_int(col: pd.Series, present: bool) -> pd.Series:
@@ -106,10 +319,16 @@ def _as_int(col: pd.Series, present: bool) -> pd.Series:
     if col.dtype == np.int64:  # the common case: no copy unless the sentinel is there
         missing = col.to_numpy() == _NULL_INT
         return col.astype("Int64").mask(missing) if missing.any() else col
-    if col.dtype.kind not in "iu":
+    if col.dtype == object:
+        col = object_ints(col)
+    elif col.dtype.kind not in "iu":
         col = pd.to_numeric(col, errors="coerce")
-        whole = col.notna() & (col % 1 == 0) & (col.abs() < 2.0**63)
-        col = col.where(whole).astype("Float64").astype("Int64")
+        if col.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                whole = col.notna() & (col % 1 == 0) & (col.abs() < 2.0**63)
+            col = col.where(whole).astype("Float64").astype("Int64")
+        elif col.dtype.kind not in "iu":
+            col = col.astype("Int64")
     missing = (col == _NULL_INT).fillna(False).to_numpy(dtype=bool)
     if missing.any() or col.dtype == "Int64":
         return col.astype("Int64").mask(missing)
@@ -155,18 +374,39 @@ def read_kernels(x: NsysExport, columns: Iterable[str] | None = None) -> pd.Data
     table = find_table(x, "kernels")
     wanted = set(KERNEL_SOURCES if columns is None else columns)
     cols = {out: src for out, src in KERNEL_SOURCES.items() if out in wanted}
-    required = tuple(c for c in ("start_ns", "end_ns", "short_name") if c in cols)
-    df = _select(x, table, cols, required=required, ints=tuple(cols), where="ORDER BY rowid")
+    # Every read checks the same timestamps, so columns read at different times keep the same rows.
+    times = {c: KERNEL_SOURCES[c] for c in ("start_ns", "end_ns")}
+    required = ("start_ns", "end_ns") + (("short_name",) if "short_name" in cols else ())
+    df = _select(x, table, cols, required=required, ints=tuple(cols), where="ORDER BY rowid", times=times)
     if "pid" in df:
         df["pid"] = decode_pid(df["pid"])
     if "short_name" in df:
         _resolve(df, x, "short_name")
+        df["short_name"] = _named(x, df["short_name"])
     if "name" in df:
-        if table is None or "demangledName" in x.columns(table):
+        if table is None or x.has_columns(table, "demangledName"):
             _resolve(df, x, "name")
+            df["name"] = _named(x, df["name"])
         else:  # very old exports: the short name is all there is
             df["name"] = read_kernels(x, ["short_name"])["short_name"].to_numpy()
     return df
+
+
+NO_NAME = "<no name>"
+
+
+def _named(x: NsysExport, names: pd.Series) -> pd.Categorical:
+    """Kernel names with a placeholder where the id was missing or not an integer: a kernel still
+    ran, and code grouping or labelling kernels by name must not meet a missing one."""
+    cat = pd.Categorical(names)
+    missing = int(cat.isna().sum())
+    if not missing:
+        return cat
+    key = ("kernels", f"without a usable name id, shown as {NO_NAME}")
+    x.dropped[key] = max(x.dropped[key], missing)
+    if NO_NAME not in cat.categories:
+        cat = cat.add_categories([NO_NAME])
+    return cat.fillna(NO_NAME)
 
 
 _COPY_KIND = {0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 8: "Device-to-Device",
@@ -264,12 +504,12 @@ def read_nvtx(x: NsysExport) -> pd.DataFrame:
     }  # fmt: skip
     df = _select(x, table, cols, required=("start_ns", "event_type"),
                  ints=("pid", "tid", "start_ns", "end_ns", "event_type", "domain_id", "text_id", "category",
-                       "int64", "uint64", "int32", "uint32"))  # fmt: skip
+                       "int64", "uint64", "int32", "uint32"), reals=("double", "float"))  # fmt: skip
     df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
 
     df["event_type"] = pd.Categorical(df["event_type"].map(nvtx_type_names(x)))
 
-    if table and "textId" in x.columns(table):
+    if table and x.has_columns(table, "textId"):
         registered = pd.Series(x.resolve(df["text_id"]), index=df.index, dtype=object)
         text = df["text"].astype(object).where(df["text"].notna(), registered)
     else:
@@ -421,3 +661,29 @@ def _string_categorical(col: pd.Series) -> pd.Categorical:
     """A categorical with string categories, whatever the column held (union needs one dtype)."""
     cat = col.array if isinstance(col.dtype, pd.CategoricalDtype) else pd.Categorical(col.astype(object))
     return pd.Categorical.from_codes(cat.codes, categories=pd.Index(cat.categories.astype(str)))
+
+
+# Each table role's timestamps as its reader checks them: (sources, the ones that may not be NULL).
+_START_END = {"start_ns": "start", "end_ns": "end"}
+_TIME_RULES: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
+    "kernels": (_START_END, ("start_ns", "end_ns")), "memcpy": (_START_END, ("start_ns", "end_ns")),
+    "memset": (_START_END, ("start_ns", "end_ns")), "runtime": (_START_END, ("start_ns", "end_ns")),
+    "driver": (_START_END, ("start_ns", "end_ns")), "nvtx": (_START_END, ("start_ns",)),
+    "cupti_overhead": (_START_END, ("start_ns", "end_ns")), "profiler_overhead": (_START_END, ("start_ns", "end_ns")),
+    "sync": (_START_END, ("start_ns", "end_ns")), "cuda_events": ({"timestamp_ns": "timestamp"}, ()),
+    "graph_nodes": (_START_END, ()), "graph_trace": (_START_END, ("start_ns", "end_ns")),
+}  # fmt: skip
+
+
+def audit_times(x: NsysExport) -> None:
+    """Count the rows with unusable timestamps in every table nsysan reads, read yet or not, so the
+    report can say what was ignored even in tables only a detector looked at (or none did)."""
+    for role, (sources, required) in _TIME_RULES.items():
+        table = find_table(x, role)
+        if table is None:
+            continue
+        have = {c.casefold() for c in x.columns(table)}
+        present = {out: src for out, src in sources.items() if _available(src, have)}
+        checks = _time_checks(present, required)
+        if checks:
+            _audit(x, table, checks, _valid_times(present, required))

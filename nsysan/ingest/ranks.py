@@ -64,9 +64,9 @@ def _nvtx_hints(x: NsysExport) -> pd.DataFrame:
     if table is None:
         return pd.DataFrame({"pid": pd.Series(dtype="int64"), "text": pd.Series(dtype=object)})
     ids = nvtx_type_ids(x, "mark", "thread_name")
-    cols = x.columns(table)
-    text = "COALESCE(n.text, s.value)" if "textId" in cols else "n.text"
-    join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in cols else ""
+    registered = x.has_columns(table, "textId")
+    text = "CAST(COALESCE(n.text, s.value) AS TEXT)" if registered else "CAST(n.text AS TEXT)"
+    join = "LEFT JOIN StringIds s ON s.id = n.textId" if registered else ""
     df = x.query(
         f"SELECT n.globalTid AS g, {text} AS text FROM {table} n {join} "
         f"WHERE n.eventType IN ({', '.join(map(str, ids))}) ORDER BY n.start"
@@ -75,8 +75,13 @@ def _nvtx_hints(x: NsysExport) -> pd.DataFrame:
     return df[["pid", "text"]].dropna()
 
 
+# Larger numbers in a rank announcement are not a rank (and would not fit the Int64 columns).
+_MAX_RANK = 2**31 - 1
+
+
 def _first_int(pattern: re.Pattern[str], texts: pd.Series) -> pd.Series:
-    return pd.to_numeric(texts.str.extract(pattern, expand=False), errors="coerce")
+    values = pd.to_numeric(texts.str.extract(pattern, expand=False), errors="coerce")
+    return values.where(values <= _MAX_RANK)
 
 
 def _env_int(env: dict[str, str], keys: tuple[str, ...]) -> int | None:
@@ -95,7 +100,7 @@ def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
         if not len(pids):
             continue
         procs = read_processes(x).dropna(subset=["pid"])
-        names = dict(zip(procs["pid"].astype("int64"), procs["name"].astype(str)))
+        names = dict(zip(procs["pid"].astype("int64"), procs["name"].fillna("").astype(str)))
         hints = _nvtx_hints(x)
         texts = hints["text"].astype(str)
         hints = hints.assign(

@@ -68,7 +68,9 @@ def find_table(export: NsysExport, role: str) -> str | None:
     """The table playing ``role`` in this export, or None when the export lacks it."""
     spec = ROLES[role]
     for name in spec.candidates:
-        cols = set(export.columns(name))
-        if cols and spec.required <= cols and not (spec.forbidden & cols):
+        cols = {c.casefold() for c in export.columns(name)}  # SQLite column names ignore case
+        required = {c.casefold() for c in spec.required}
+        forbidden = {c.casefold() for c in spec.forbidden}
+        if cols and required <= cols and not (forbidden & cols):
             return name
     return None

@@ -54,14 +54,22 @@ from nsysan.ingest.tables import find_table
 EXPORT_SUFFIXES = (".sqlite", ".db", ".sqlite3")
 
 
-def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """Files as given, directories as the exports inside them, globs expanded; order kept."""
+def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] | None = None) -> list[Path]:
+    """Files as given, directories as the exports inside them, globs expanded; order kept.
+
+    Inside a directory only regular files count: a FIFO, device or socket named ``x.sqlite``
+    would block or stream forever, so it is skipped and a note appended to ``skipped``. A path
+    given by name is kept whatever it is; opening it refuses what is not a regular file.
+    """
     paths: list[Path] = []
     for item in inputs:
         text = str(item)
         path = Path(text)
         if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix.lower() in EXPORT_SUFFIXES)
+            named = sorted(p for p in path.iterdir() if p.suffix.lower() in EXPORT_SUFFIXES)
+            found = [p for p in named if p.is_file()]
+            if skipped is not None:
+                skipped.extend(f"{p}: skipped, not a regular file" for p in named if not p.is_file())
             if not found:
                 raise InputError(f"{path}: directory holds no .sqlite exports")
             paths.extend(found)
@@ -69,7 +77,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
             matched = sorted(Path(p) for p in glob.glob(text))
             if not matched:
                 raise InputError(f"{text}: pattern matches no files")
-            paths.extend(expand_inputs(matched))
+            paths.extend(expand_inputs(matched, skipped))
         else:
             paths.append(path)
     seen: set[Path] = set()
@@ -97,8 +105,9 @@ class ExportInfo:
 class Trace:
     """One job made of one or more exports. Use :func:`load_trace` to build it."""
 
-    def __init__(self, exports: list[NsysExport]) -> None:
+    def __init__(self, exports: list[NsysExport], input_notes: Iterable[str] = ()) -> None:
         self._exports = exports
+        self.input_notes = list(input_notes)
         self._kernel_cache: pd.DataFrame | None = None
         self.exports = [
             ExportInfo(
@@ -245,6 +254,22 @@ class Trace:
     def devices(self) -> pd.DataFrame:
         return self._gather(frames.read_gpus, with_rank=False)
 
+    def audit_times(self) -> None:
+        """Judge the timestamps of every table no reader has read yet (one SQL scan each), so that
+        :meth:`dropped_rows` covers tables only a detector reads, whenever it runs."""
+        for x in self._exports:
+            frames.audit_times(x)
+
+    def dropped_rows(self) -> pd.DataFrame:
+        """Rows the readers left out or repaired so far: (export, what, reason, rows)."""
+        rows = [
+            {"export": i, "what": what, "reason": reason, "rows": int(n)}
+            for i, x in enumerate(self._exports)
+            for (what, reason), n in sorted(x.dropped_counts().items())
+            if n
+        ]
+        return pd.DataFrame(rows, columns=["export", "what", "reason", "rows"])
+
     def count_in_export(self, index: int, role: str) -> int:
         """Rows of a table role in one export, counted in SQL without loading the frame."""
         x = self._exports[index]
@@ -275,8 +300,9 @@ def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
     including an export with neither CUDA tables nor NVTX events (nothing to analyse).
     """
     exports: list[NsysExport] = []
+    skipped: list[str] = []
     try:
-        for path in expand_inputs(inputs):
+        for path in expand_inputs(inputs, skipped):
             x = NsysExport(path)
             exports.append(x)
             if not x.has_cuda_data and not x.has_rows(find_table(x, "nvtx")):
@@ -289,4 +315,4 @@ def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
         for x in exports:
             x.close()
         raise
-    return Trace(exports)
+    return Trace(exports, input_notes=skipped)

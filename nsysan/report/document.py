@@ -26,8 +26,10 @@ def _plain(value: Any) -> Any:
         return None
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, float) and math.isnan(value):
+    if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, (bytes, bytearray, memoryview)):  # a BLOB where the export should hold text
+        return bytes(value).decode("utf-8", errors="replace")
     return value
 
 

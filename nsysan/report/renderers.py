@@ -40,7 +40,14 @@ def _grouped(doc: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, str]]]
 
 
 def render_json(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2) + "\n"
+    """The document as JSON; anything a detector left that JSON cannot hold becomes its text."""
+    return json.dumps(doc, indent=2, default=_json_text) + "\n"
+
+
+def _json_text(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
