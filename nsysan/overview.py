@@ -244,9 +244,9 @@ def limitations(trace: Trace, exports: pd.DataFrame | None = None) -> list[str]:
     exports = export_table(trace) if exports is None else exports
     n = len(exports)
 
-    def where(mask: pd.Series) -> str:
+    def where(mask: pd.Series, every: str = "any export") -> str:
         k = int(mask.sum())
-        return "this capture" if k == n == 1 else "every export" if k == n else f"{k} of {n} exports"
+        return "this capture" if k == n == 1 else every if k == n else f"{k} of {n} exports"
 
     notes = []
     no_cuda = ~exports["cuda_data"].astype(bool)
@@ -273,7 +273,7 @@ def limitations(trace: Trace, exports: pd.DataFrame | None = None) -> list[str]:
     unsized = (exports["nccl_kernels"] > 0) & (exports["nccl_nvtx"] == 0)
     if unsized.any():
         notes.append(
-            f"NCCL kernels without NCCL NVTX ranges in {where(unsized)}: message sizes are unknown "
+            f"NCCL kernels without NCCL NVTX ranges in {where(unsized, 'every export')}: message sizes are unknown "
             "(unset `NCCL_NVTX_DISABLE` and capture with `--trace=nvtx`)."
         )
     ranks = trace.ranks

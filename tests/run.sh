@@ -14,7 +14,11 @@ pip_install() { python3 -m pip install --quiet --disable-pip-version-check "$@";
 if python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)'; then
     echo "tests/run.sh: using the installed torch $(python3 -c 'import torch; print(torch.__version__)')" >&2
 else
-    pip_install --index-url "${NSYSAN_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" torch==2.13.0
+    index="${NSYSAN_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+    if ! pip_install --index-url "$index" torch==2.13.0; then
+        echo "tests/run.sh: $index did not serve torch; installing torch==2.13.0 from the configured index" >&2
+        pip_install torch==2.13.0
+    fi
 fi
 pip_install -e ".[test]"
 
