@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table as RichTable
 from rich.text import Text
 
 from nsysan.report import format as fmt
+from nsysan.report.renderers import html_table, markdown_table, print_table
 from nsysan.report.sections import Table
 
 FORMATS = ("terminal", "json", "markdown", "html")
@@ -149,15 +149,7 @@ def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = 
     for line in notes(doc):
         console.print(Text(f"  - {line}"))
     for t in sections(doc):
-        if not t.rows:
-            console.print(Text(f"{t.title}: {t.empty}", style="bold"))
-            continue
-        table = RichTable(title=Text(t.title), title_justify="left", title_style="bold")
-        for h in t.headers:
-            table.add_column(Text(h), overflow="fold")
-        for row in t.rows:
-            table.add_row(*(Text(c) for c in row))
-        console.print(table)
+        print_table(console, t)
     return buf.getvalue()
 
 
@@ -166,12 +158,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     out = ["# nsysan diff", "", f"`{doc['before']['label']}` → `{doc['after']['label']}`: **{headline(doc)}**", ""]
     out += [f"- {esc(line)}" for line in notes(doc)] + [""]
     for t in sections(doc):
-        out += [f"## {t.title}", ""]
-        if not t.rows:
-            out += [f"_{t.empty}_", ""]
-            continue
-        out += ["| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers)]
-        out += ["| " + " | ".join(esc(v) for v in row) + " |" for row in t.rows] + [""]
+        out += markdown_table(t)
     return "\n".join(out) + "\n"
 
 
@@ -184,12 +171,7 @@ def render_html(doc: dict[str, Any]) -> str:
            f"<p>{e(doc['before']['label'])} → {e(doc['after']['label'])}: <b>{e(headline(doc))}</b></p><ul>"]  # fmt: skip
     out += [f"<li>{e(line)}</li>" for line in notes(doc)] + ["</ul>"]
     for t in sections(doc):
-        out.append(f"<h2>{e(t.title)}</h2>")
-        if not t.rows:
-            out.append(f"<p><i>{e(t.empty)}</i></p>")
-            continue
-        out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in t.headers) + "</tr>")
-        out += ["<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in t.rows] + ["</table>"]
+        out += html_table(t)
     return "\n".join(out + ["</body></html>"]) + "\n"
 
 

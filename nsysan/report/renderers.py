@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from nsysan.report.sections import finding_lines, group_headline, groups, other_occurrences, tables
+from nsysan.report.sections import Table, finding_lines, group_headline, groups, other_occurrences, tables
 
 FORMATS = ("terminal", "json", "markdown", "html")
 
@@ -39,6 +39,37 @@ def _grouped(doc: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, str]]]
     return out
 
 
+def markdown_table(t: Table) -> list[str]:
+    """A titled table as Markdown lines (``|`` in cells escaped), or its empty note."""
+    if not t.rows:
+        return [f"## {t.title}", "", f"_{t.empty}_", ""]
+    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    return [f"## {t.title}", "", "| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers),
+            *("| " + " | ".join(esc(v) for v in row) + " |" for row in t.rows), ""]  # fmt: skip
+
+
+def html_table(t: Table) -> list[str]:
+    """A titled table as HTML lines, every string escaped, or its empty note."""
+    e = html.escape
+    if not t.rows:
+        return [f"<h2>{e(t.title)}</h2>", f"<p><i>{e(t.empty)}</i></p>"]
+    return [f"<h2>{e(t.title)}</h2>", "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in t.headers) + "</tr>",
+            *("<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in t.rows), "</table>"]  # fmt: skip
+
+
+def print_table(console: Console, t: Table) -> None:
+    """A titled table on a Rich console; cells go in as ``Text``, never parsed as markup."""
+    if not t.rows:
+        console.print(Text(f"{t.title}: {t.empty}", style="bold"))
+        return
+    table = RichTable(title=Text(t.title), title_justify="left", title_style="bold")
+    for h in t.headers:
+        table.add_column(Text(h), overflow="fold")
+    for row in t.rows:
+        table.add_row(*(Text(cell) for cell in row))
+    console.print(table)
+
+
 def render_json(doc: dict[str, Any]) -> str:
     """The document as JSON; anything a detector left that JSON cannot hold becomes its text."""
     return json.dumps(doc, indent=2, default=_json_text) + "\n"
@@ -59,15 +90,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         out += [f"### [{severity}] {headline}", ""]
         out += [f"- **{label}**: {text}" for label, text in lines] + [""]
     for t in tables(doc):
-        out += [f"## {t.title}", ""]
-        if not t.rows:
-            out += [f"_{t.empty}_", ""]
-            continue
-        esc = lambda s: s.replace("|", "\\|")  # noqa: E731
-        out.append("| " + " | ".join(t.headers) + " |")
-        out.append("|" + "---|" * len(t.headers))
-        out += ["| " + " | ".join(esc(v) for v in row) + " |" for row in t.rows]
-        out.append("")
+        out += markdown_table(t)
     out += ["## What this capture cannot show", ""]
     out += [f"- {note}" for note in doc["summary"]["limitations"]] or ["Nothing noted."]
     return "\n".join(out) + "\n"
@@ -95,13 +118,7 @@ def render_html(doc: dict[str, Any]) -> str:
         out += [f"<li><b>{e(label)}</b>: {e(text)}</li>" for label, text in lines]
         out.append("</ul>")
     for t in tables(doc):
-        out.append(f"<h2>{e(t.title)}</h2>")
-        if not t.rows:
-            out.append(f"<p><i>{e(t.empty)}</i></p>")
-            continue
-        out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in t.headers) + "</tr>")
-        out += ["<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in t.rows]
-        out.append("</table>")
+        out += html_table(t)
     out.append("<h2>What this capture cannot show</h2><ul>")
     out += [f"<li>{e(n)}</li>" for n in doc["summary"]["limitations"]] or ["<li>Nothing noted.</li>"]
     out.append("</ul></body></html>")
@@ -129,15 +146,7 @@ def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = 
         for label, text in lines:
             console.print(Text(f"  {label}: {text}"))
     for t in tables(doc):
-        if not t.rows:
-            console.print(Text(f"{t.title}: {t.empty}", style="bold"))
-            continue
-        table = RichTable(title=Text(t.title), title_justify="left", title_style="bold")
-        for h in t.headers:
-            table.add_column(Text(h), overflow="fold")
-        for row in t.rows:
-            table.add_row(*(Text(cell) for cell in row))
-        console.print(table)
+        print_table(console, t)
     notes = doc["summary"]["limitations"]
     console.print(Text("What this capture cannot show" + ("" if notes else ": nothing noted"), style="bold"))
     for note in notes:
