@@ -16,8 +16,7 @@ from dashboards import ids
 from dashboards.app import Server
 from dashboards.pages.common import duration, missing, where
 from nsysan.detect import registered
-from nsysan.findings import Severity
-from nsysan.report.document import fold_groups
+from nsysan.report.document import SEVERITY_RANK, fold_groups
 from nsysan.store import FINDING_STATUSES, NotFound
 
 FILTERS = {ids.FILTER_KIND: "kind", ids.FILTER_SEVERITY: "severity", ids.FILTER_STATUS: "status", ids.FILTER_RANK: "rank"}
@@ -43,10 +42,9 @@ OCCURRENCE_COLUMNS = [
     {"id": "assignee", "name": "assignee"},
     {"id": "title", "name": "finding", "presentation": "markdown"},
 ]
-_SEVERITY_RANK = {s.value: s.rank for s in Severity}
 # the custom sort's keys where a cell's text does not sort right: severity by rank, the title link by its text
 _SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "severity": lambda row: _SEVERITY_RANK.get(row["severity"], -1),
+    "severity": lambda row: SEVERITY_RANK.get(row["severity"], -1),
     "title": lambda row: row["worst_title"].lower(),
 }
 _TABLE_STYLE: dict[str, Any] = {

@@ -82,8 +82,8 @@ def _ops(trace: Trace) -> pd.DataFrame:
 def _communicators(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
     """comm_id, comm_rank and peer per op from NCCL's NVTX payloads (NA where the export has none)."""
     out = pd.DataFrame(index=ops.index, data={"comm_id": pd.NA, "comm_rank": pd.NA, "peer": pd.NA}, dtype="Int64")
-    calls = getattr(trace, "nccl_calls", None)
-    if calls is None or calls.empty or "comm_id" not in calls or calls["comm_id"].isna().all():
+    calls = trace.nccl_calls
+    if calls["comm_id"].isna().all():
         return out
     c = calls.dropna(subset=["comm_id"])[["export", "pid", "tid", "rank", "start_ns", "end_ns", "comm_id", "comm_rank",
                                           "peer"]].copy()  # fmt: skip

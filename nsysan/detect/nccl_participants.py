@@ -118,7 +118,7 @@ def _one_partner_for_p2p(links: pd.DataFrame, cand: pd.DataFrame, ops: pd.DataFr
     if not p2p_slots or links.empty:
         return links
     end = ops["a_end"]
-    spread = (cand.assign(d=(end.loc[cand["i"]].to_numpy() - end.loc[cand["j"]].to_numpy()).__abs__())
+    spread = (cand.assign(d=np.abs(end.loc[cand["i"]].to_numpy() - end.loc[cand["j"]].to_numpy()))
               .groupby(["si", "sj"])["d"].max().rename("spread").reset_index())  # fmt: skip
     links = links.merge(spread, on=["si", "sj"], how="left")
     is_p2p = links["si"].isin(p2p_slots)

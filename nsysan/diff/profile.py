@@ -151,7 +151,6 @@ def _per_step(trace: Trace, k: pd.DataFrame, steps: pd.DataFrame) -> dict[str, d
     """Per rank and step: duration, GPU busy share and NCCL kernel time of the work that started
     inside the step (searchsorted into the rank's step windows)."""
     out: dict[str, dict[str, list[float]]] = {}
-    cols = ["rank", "start_ns", "end_ns"]
     activity = _activity(trace, k)
     nccl = k[k["nccl_kind"].notna()] if len(k) else k
     for rank, s in steps.groupby("rank"):

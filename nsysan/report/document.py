@@ -37,7 +37,7 @@ def records(df: pd.DataFrame) -> list[dict[str, Any]]:
     return [_plain(row) for row in df.astype(object).to_dict("records")]
 
 
-_SEVERITY_RANK = {s.value: s.rank for s in Severity}
+SEVERITY_RANK = {s.value: s.rank for s in Severity}  # "critical" -> 2: severities compared by rank, not by name
 
 
 def fold_groups(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -55,11 +55,11 @@ def fold_groups(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
         g["count"] += 1
         g["impact_ns"] += int(f["impact_ns"])
         g["findings"].append(i)
-        if _SEVERITY_RANK[f["severity"]] > _SEVERITY_RANK[g["severity"]]:
+        if SEVERITY_RANK[f["severity"]] > SEVERITY_RANK[g["severity"]]:
             g["severity"] = f["severity"]
         if f["impact_ns"] > findings[g["worst"]]["impact_ns"]:
             g["worst"] = i
-    return sorted(groups.values(), key=lambda g: (-_SEVERITY_RANK[g["severity"]], -g["impact_ns"], g["worst"]))
+    return sorted(groups.values(), key=lambda g: (-SEVERITY_RANK[g["severity"]], -g["impact_ns"], g["worst"]))
 
 
 def build_document(overview: Overview, findings: list[Finding]) -> dict[str, Any]:
