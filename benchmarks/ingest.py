@@ -33,6 +33,7 @@ from fixtures.exporter import ExportWriter  # noqa: E402
 
 WORK = REPO / ".nsysan-work"
 
+
 def build(path: Path, kernels: int) -> Path:
     if path.exists():
         return path
@@ -136,7 +137,9 @@ def main() -> None:
     t0 = time.perf_counter()
     build(path, args.kernels)
     print(f"export: {path} ({path.stat().st_size / 2**20:.0f} MiB, built/cached in {time.perf_counter() - t0:.1f} s)")
-    out = subprocess.run([sys.executable, "-c", _QUERIES, str(path)], capture_output=True, text=True, check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", _QUERIES, str(path)], capture_output=True, text=True, check=True, cwd=REPO
+    )
     overview_sql, all_sql = json.loads(out.stdout)
     print(f"raw scan A (what the overview reads): {overview_sql}; + NCCL launch calls")
     print(f"raw scan B (what the full report reads): {all_sql}; + NCCL launch calls")

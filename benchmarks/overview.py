@@ -109,15 +109,21 @@ def in_browser(path: Path, repeat: int) -> None:
                 page.wait_for_timeout(300)
                 t = time.perf_counter()
                 lo = 100 + 200 * i
-                page.evaluate(f"Plotly.relayout(document.querySelector('{graph}'), {{'xaxis.range': [{lo}, {lo + 0.5}]}})")
+                page.evaluate(
+                    f"Plotly.relayout(document.querySelector('{graph}'), {{'xaxis.range': [{lo}, {lo + 0.5}]}})"
+                )
                 page.wait_for_function(f"!document.querySelector('{graph}').data.some(t => t.type === 'heatmap')",
                                        timeout=60_000)  # fmt: skip
                 zooms.append(time.perf_counter() - t)
             browser.close()
-    print(f"browser: open the overview until drawn: median {statistics.median(opens):.2f} s (first {opens[0]:.2f} s, "
-          f"max {max(opens):.2f} s) over {repeat}; {statistics.median(opens) / 2:.2f}x of the 2 s target")
-    print(f"browser: zoom to 0.5 ms until redrawn with every kernel: median {statistics.median(zooms):.2f} s "
-          f"(max {max(zooms):.2f} s)")
+    print(
+        f"browser: open the overview until drawn: median {statistics.median(opens):.2f} s (first {opens[0]:.2f} s, "
+        f"max {max(opens):.2f} s) over {repeat}; {statistics.median(opens) / 2:.2f}x of the 2 s target"
+    )
+    print(
+        f"browser: zoom to 0.5 ms until redrawn with every kernel: median {statistics.median(zooms):.2f} s "
+        f"(max {max(zooms):.2f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -93,11 +93,15 @@ def _worker(rank: int, port: int, sizes: dict[str, list[int]], repeat: int, queu
                 best = min(best, time.perf_counter() - start)
             results.append({"kind": "latency", "way": way, "bytes": nbytes, "seconds": best / (2 * count)})
         if rank == 0:
-            results.append({"kind": "latency", "way": "raw copy", "bytes": nbytes, "seconds": raw(nbytes, count) / count})
+            results.append(
+                {"kind": "latency", "way": "raw copy", "bytes": nbytes, "seconds": raw(nbytes, count) / count}
+            )
     for nbytes in sizes["bandwidth"]:
         count = _count(nbytes)
         if rank == 0:
-            results.append({"kind": "bandwidth", "way": "raw copy", "bytes": nbytes, "count": count, "seconds": raw(nbytes, count)})
+            results.append(
+                {"kind": "bandwidth", "way": "raw copy", "bytes": nbytes, "count": count, "seconds": raw(nbytes, count)}
+            )
         bufs = {"p2p": torch.ones(nbytes, dtype=torch.uint8)}
         bufs["p2p empty()"] = t.empty(nbytes, torch.uint8) if rank == 0 else bufs["p2p"]
         bufs["p2p empty()"].fill_(1)
@@ -177,11 +181,21 @@ def main() -> None:
     for nbytes in sizes["bandwidth"]:
         row = cell[("bandwidth", nbytes)]
         g = {w: nbytes * row[w]["count"] / row[w]["seconds"] / 2**30 for w in row}
-        ratios = (g["p2p"] / g["raw copy"], g["p2p empty()"] / g["raw copy"], g["p2p"] / g["gloo"], g["p2p empty()"] / g["gloo"])
+        ratios = (
+            g["p2p"] / g["raw copy"],
+            g["p2p empty()"] / g["raw copy"],
+            g["p2p"] / g["gloo"],
+            g["p2p empty()"] / g["gloo"],
+        )
         print(f"{_size(nbytes):>8} | " + " | ".join(f"{g[w]:11.2f}" for w in [*WAYS, "raw copy"])
               + " | " + " | ".join(f"{x:{n}.2f}" for x, n in zip(ratios, (7, 9, 8, 10))))  # fmt: skip
         if nbytes == 64 * MIB:
-            summary = dict(zip(("p2p_over_raw", "empty_over_raw", "p2p_over_gloo", "empty_over_gloo"), (round(x, 2) for x in ratios)))
+            summary = dict(
+                zip(
+                    ("p2p_over_raw", "empty_over_raw", "p2p_over_gloo", "empty_over_gloo"),
+                    (round(x, 2) for x in ratios),
+                )
+            )
     lat4k = cell[("latency", 4 * KIB)]
     summary["p2p_4KiB_one_way_us"] = round(lat4k["p2p"]["seconds"] * 1e6, 1)
     summary["gloo_4KiB_one_way_us"] = round(lat4k["gloo"]["seconds"] * 1e6, 1)

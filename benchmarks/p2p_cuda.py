@@ -120,9 +120,15 @@ def main() -> None:
         table.setdefault(r["bytes"], {})[r["way"]] = r["gib_s"]
     ways = ["copy_", "p2p", *(["nccl"] if gpus > 1 else [])]
     print(f"{gpus} GPU(s): {'between two devices' if gpus > 1 else 'both ranks on one device'}; GiB/s")
-    print(f"{'size':>8} | " + " | ".join(f"{w:>8}" for w in ways) + " | p2p/copy_" + (" | p2p/nccl" if gpus > 1 else ""))
+    print(
+        f"{'size':>8} | " + " | ".join(f"{w:>8}" for w in ways) + " | p2p/copy_" + (" | p2p/nccl" if gpus > 1 else "")
+    )
     for nbytes, row in sorted(table.items()):
-        line = f"{nbytes // MIB:>4} MiB | " + " | ".join(f"{row[w]:8.2f}" for w in ways) + f" | {row['p2p'] / row['copy_']:9.2f}"
+        line = (
+            f"{nbytes // MIB:>4} MiB | "
+            + " | ".join(f"{row[w]:8.2f}" for w in ways)
+            + f" | {row['p2p'] / row['copy_']:9.2f}"
+        )
         print(line + (f" | {row['p2p'] / row['nccl']:8.2f}" if gpus > 1 else ""))
 
 

@@ -62,7 +62,9 @@ def load_users(path: Path | None = None, env: str | None = None) -> dict[str, st
         if item.strip():
             name, sep, hashed = item.strip().partition("=")
             if not sep or not name or not hashed:
-                raise InputError(f"{USERS_ENV}: expected name=<password hash>,... (make a hash with `nsysan hash-password`)")
+                raise InputError(
+                    f"{USERS_ENV}: expected name=<password hash>,... (make a hash with `nsysan hash-password`)"
+                )
             users[name] = hashed
     for name, hashed in users.items():
         if "$" not in hashed:

@@ -45,7 +45,9 @@ class ServeProcess:
         command = [sys.executable, "-m", "nsysan", "serve", "--db", db, "--traces", str(traces), "--host", host,
                    "--port", str(port), "--uploads", str(workdir / "uploads")]  # fmt: skip
         with self.log.open("w") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -86,7 +86,9 @@ def save_upload(server: Server, contents: Sequence[str], filenames: Sequence[str
     encoded = [c.partition(",")[2] for c in contents]
     size = sum(len(e) * 3 // 4 for e in encoded)
     if size > server.max_upload_bytes:
-        raise UploadRefused(f"upload of {size / 2**20:.1f} MiB is over the limit of {server.max_upload_bytes / 2**20:.0f} MiB")
+        raise UploadRefused(
+            f"upload of {size / 2**20:.1f} MiB is over the limit of {server.max_upload_bytes / 2**20:.0f} MiB"
+        )
     names = [_clean_name(n) for n in filenames]
     if len(set(names)) != len(names):
         raise UploadRefused("two uploaded files have the same name")

@@ -76,7 +76,9 @@ def main() -> None:
             shot("compare")
             if args.big:
                 page.goto(url)
-                big = page.locator("tr", has=page.get_by_role("link", name=args.big.stem, exact=True)).get_attribute("data-trace")
+                big = page.locator("tr", has=page.get_by_role("link", name=args.big.stem, exact=True)).get_attribute(
+                    "data-trace"
+                )
                 page.goto(f"{url}/traces/{big}")
                 page.locator("#timeline .main-svg").first.wait_for(timeout=120_000)
                 shot("overview-1m")

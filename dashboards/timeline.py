@@ -198,7 +198,9 @@ class TimelineData:
         last = lo + int(np.searchsorted(starts, t1, side="right"))
         return first + np.flatnonzero(self.end[first:last] >= t0)
 
-    def _segments(self, idx: np.ndarray, labels: list[str], ms: Any, colour: str, name: str, width: int) -> go.Scattergl:
+    def _segments(
+        self, idx: np.ndarray, labels: list[str], ms: Any, colour: str, name: str, width: int
+    ) -> go.Scattergl:
         """Intervals as line segments (start, end, gap): one WebGL trace however many there are."""
         n = len(idx)
         x = np.column_stack([ms(self.start[idx]), ms(self.end[idx]), np.full(n, np.nan)]).ravel()
@@ -230,7 +232,11 @@ class TimelineData:
             xs.append(float(ms(start + 1_000)))
             ys.append(labels[rows[0]])
             colours.append(SEVERITY_COLOURS.get(g["severity"], "#000"))
-            more = f"<br>worst of {g['count']} occurrences, {g['impact_ns'] / 1e6:,.2f} ms in all" if g["count"] > 1 else ""
+            more = (
+                f"<br>worst of {g['count']} occurrences, {g['impact_ns'] / 1e6:,.2f} ms in all"
+                if g["count"] > 1
+                else ""
+            )
             text.append(f"[{g['severity']}] {f['title']}{more}")
             ids.append(f.get("id"))
         if xs:
@@ -256,7 +262,9 @@ class TimelineData:
             fig.add_trace(self._segments(idx, labels, ms, "#d62728", "evidence", width=20))
 
 
-def _occupancy(centres: np.ndarray, labels: list[str], rows: list[str], lanes: list[str], busy: np.ndarray) -> go.Heatmap:
+def _occupancy(
+    centres: np.ndarray, labels: list[str], rows: list[str], lanes: list[str], busy: np.ndarray
+) -> go.Heatmap:
     """Busy share per row and time bin, as ONE heatmap over every row, coloured by lane.
 
     plotly.js (7.1) fails on a category axis when a heatmap covers only some of its categories or

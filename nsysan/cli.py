@@ -77,8 +77,13 @@ def report(
     ],
     output_format: Annotated[
         Optional[OutputFormat],
-        typer.Option("--format", "-f", help="terminal for reading; json for tools and CI; markdown/html to share. "
-                     "Default: from --output's suffix (.json, .md, .html), else terminal.", show_default=False),
+        typer.Option(
+            "--format",
+            "-f",
+            help="terminal for reading; json for tools and CI; markdown/html to share. "
+            "Default: from --output's suffix (.json, .md, .html), else terminal.",
+            show_default=False,
+        ),
     ] = None,
     output: Annotated[
         Optional[Path],
@@ -169,30 +174,60 @@ def _write(text: str, output: Optional[Path]) -> None:
 
 @app.command()
 def diff(
-    before: Annotated[str, typer.Argument(help="The capture before the change: an export, a directory of per-rank "
-                                          "exports (or a capture's run directory), a glob, or a saved `report --format json`.",
-                                          show_default=False)],
-    after: Annotated[str, typer.Argument(help="The capture after the change, in any of the same forms.", show_default=False)],
+    before: Annotated[
+        str,
+        typer.Argument(
+            help="The capture before the change: an export, a directory of per-rank "
+            "exports (or a capture's run directory), a glob, or a saved `report --format json`.",
+            show_default=False,
+        ),
+    ],
+    after: Annotated[
+        str, typer.Argument(help="The capture after the change, in any of the same forms.", show_default=False)
+    ],
     output_format: Annotated[
-        Optional[OutputFormat], typer.Option("--format", "-f", help="terminal; json (versioned, docs/diff.md); markdown for a PR "
-                                             "comment; html. Default: from --output's suffix, else terminal.", show_default=False)
+        Optional[OutputFormat],
+        typer.Option(
+            "--format",
+            "-f",
+            help="terminal; json (versioned, docs/diff.md); markdown for a PR "
+            "comment; html. Default: from --output's suffix, else terminal.",
+            show_default=False,
+        ),
     ] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the diff to this file.")] = None,
     fail_on_regression: Annotated[
-        Optional[str], typer.Option("--fail-on-regression", metavar="PCT", help="Exit 3 when --metric is worse by more than "
-                                    "PCT (e.g. 5%) and the per-step spread makes the change at least 95% likely to be real.")
+        Optional[str],
+        typer.Option(
+            "--fail-on-regression",
+            metavar="PCT",
+            help="Exit 3 when --metric is worse by more than "
+            "PCT (e.g. 5%) and the per-step spread makes the change at least 95% likely to be real.",
+        ),
     ] = None,
-    metric: Annotated[str, typer.Option("--metric", help="What --fail-on-regression gates: step, busy, nccl or kernel:NAME.")] = "step",
+    metric: Annotated[
+        str, typer.Option("--metric", help="What --fail-on-regression gates: step, busy, nccl or kernel:NAME.")
+    ] = "step",
     fail_on: Annotated[
-        Optional[DiffFailOn], typer.Option("--fail-on", help="Exit 3 on any new finding group, or on a new or worsened one at this severity or worse.")
+        Optional[DiffFailOn],
+        typer.Option(
+            "--fail-on", help="Exit 3 on any new finding group, or on a new or worsened one at this severity or worse."
+        ),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Compare even when the two captures are not comparable.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Compare even when the two captures are not comparable.")
+    ] = False,
     step_pattern: Annotated[
-        Optional[str], typer.Option("--step-pattern", metavar="REGEX", help="NVTX range names that mark a step (case-insensitive); "
-                                    "default: step / iter / iteration / train_step.")
+        Optional[str],
+        typer.Option(
+            "--step-pattern",
+            metavar="REGEX",
+            help="NVTX range names that mark a step (case-insensitive); default: step / iter / iteration / train_step.",
+        ),
     ] = None,
     settings: Annotated[
-        Optional[list[str]], typer.Option("--set", metavar="KIND.PARAM=VALUE", help="Detector threshold, as for `report` (repeatable).")
+        Optional[list[str]],
+        typer.Option("--set", metavar="KIND.PARAM=VALUE", help="Detector threshold, as for `report` (repeatable)."),
     ] = None,
 ) -> None:
     """Compare two captures of one job (before/after a change): step time, GPU time, NCCL, kernels, findings.
@@ -216,10 +251,14 @@ def diff(
         inputs |= {p.resolve() for arg in (before, after) if Path(arg).suffix != ".json" for p in expand_inputs([arg])}
         if output.resolve() in inputs:
             raise InputError(f"{output}: is one of the inputs; choose another --output file")
-    sides = [load_side(arg, settings=overrides, step_pattern=step_pattern or DEFAULT_STEP_PATTERN) for arg in (before, after)]
+    sides = [
+        load_side(arg, settings=overrides, step_pattern=step_pattern or DEFAULT_STEP_PATTERN) for arg in (before, after)
+    ]
     doc = diff_documents(*sides, labels=(before, after))
     if not doc["comparable"]["ok"] and not force:
-        raise NotComparable("not comparable: " + "; ".join(doc["comparable"]["reasons"]) + " (--force compares them anyway)")
+        raise NotComparable(
+            "not comparable: " + "; ".join(doc["comparable"]["reasons"]) + " (--force compares them anyway)"
+        )
     verdict = gate(doc, *sides, threshold=threshold, metric=metric, fail_on=fail_on.value if fail_on else None)
     if threshold is not None or fail_on is not None:
         doc["gate"] = verdict
@@ -237,17 +276,24 @@ def diff(
 def capture(
     command: Annotated[
         Optional[list[str]],
-        typer.Argument(help="The job to run, after `--` (e.g. -- torchrun --nproc_per_node=8 train.py).", show_default=False),
+        typer.Argument(
+            help="The job to run, after `--` (e.g. -- torchrun --nproc_per_node=8 train.py).", show_default=False
+        ),
     ] = None,
     output_dir: Annotated[
         Path, typer.Option("--output-dir", "-d", help="Where run directories go; each run gets its own.")
     ] = Path("nsysan-runs"),
     nsys_options: Annotated[
         Optional[list[str]],
-        typer.Option("--nsys", metavar="--OPTION=VALUE", help="An nsys profile option, overriding nsysan's default of the same name (repeatable), e.g. --nsys=--trace=nvtx,osrt."),
+        typer.Option(
+            "--nsys",
+            metavar="--OPTION=VALUE",
+            help="An nsys profile option, overriding nsysan's default of the same name (repeatable), e.g. --nsys=--trace=nvtx,osrt.",
+        ),
     ] = None,
     workload: Annotated[
-        Optional[str], typer.Option("--workload", "-w", help="Run a bundled workload instead of a command (see docs/capture.md).")
+        Optional[str],
+        typer.Option("--workload", "-w", help="Run a bundled workload instead of a command (see docs/capture.md)."),
     ] = None,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes (ranks) for --workload.")] = 2,
     transport: Annotated[str, typer.Option("--transport", help="For --workload: nccl, gloo or p2p.")] = "gloo",
@@ -283,7 +329,11 @@ def capture(
     )  # fmt: skip
     empty = _nothing_recorded(manifest.outputs.get("sqlite"))
     if empty:
-        failed = f"the job failed (exit code {manifest.exit_code}; see its messages above) and " if manifest.exit_code else ""
+        failed = (
+            f"the job failed (exit code {manifest.exit_code}; see its messages above) and "
+            if manifest.exit_code
+            else ""
+        )
         typer.echo(f"nsysan: {failed}the capture recorded nothing to report ({empty}); "
                    f"{run_dir / 'manifest.json'} has what was run", err=True)  # fmt: skip
     elif "sqlite" in manifest.outputs:
@@ -339,21 +389,33 @@ def _bundled_traces() -> Optional[Path]:
 def serve(
     db: Annotated[
         Optional[str],
-        typer.Option("--db", help="The review store: a SQLite file, or a URL such as postgresql+psycopg://user:pw@host/db."),
+        typer.Option(
+            "--db", help="The review store: a SQLite file, or a URL such as postgresql+psycopg://user:pw@host/db."
+        ),
     ] = None,
     traces_dir: Annotated[
         Optional[Path],
-        typer.Option("--traces", help="A directory of exports to register at start (and on demand); each "
-                     "file is one trace, each subdirectory of exports one job. Default: the bundled samples."),
+        typer.Option(
+            "--traces",
+            help="A directory of exports to register at start (and on demand); each "
+            "file is one trace, each subdirectory of exports one job. Default: the bundled samples.",
+        ),
     ] = None,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on; anything but loopback requires login.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option("--host", help="Address to listen on; anything but loopback requires login.")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8050,
     users_file: Annotated[
         Optional[Path],
-        typer.Option("--users", help='A TOML file with a \\[users] table of name = "<hash>" (see `nsysan hash-password`); '
-                     "NSYSAN_USERS=name=<hash>,... adds more."),
+        typer.Option(
+            "--users",
+            help='A TOML file with a \\[users] table of name = "<hash>" (see `nsysan hash-password`); '
+            "NSYSAN_USERS=name=<hash>,... adds more.",
+        ),
     ] = None,
-    uploads_dir: Annotated[Path, typer.Option("--uploads", help="Where uploaded exports are kept.")] = Path("nsysan-uploads"),
+    uploads_dir: Annotated[Path, typer.Option("--uploads", help="Where uploaded exports are kept.")] = Path(
+        "nsysan-uploads"
+    ),
     max_upload_mb: Annotated[int, typer.Option("--max-upload-mb", help="Largest upload accepted, in MiB.")] = 200,
 ) -> None:
     """Open the web dashboard where a team reviews traces and findings together.

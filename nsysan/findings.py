@@ -49,4 +49,3 @@ class Finding:
         order = ("kind", "group", "severity", "rank", "device", "pid", "start_ns", "end_ns", "impact_ns",
                  "title", "evidence", "advice")  # fmt: skip
         return {key: d[key] for key in order}
-

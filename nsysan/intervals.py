@@ -46,8 +46,10 @@ def merge(intervals: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     reach = d.groupby(group, sort=False)["end_ns"].cummax()
     previous = reach.groupby(group, sort=False).shift()
     segment = (previous.isna() | (d["start_ns"] > previous)).cumsum()
-    merged = d.assign(segment=segment).groupby("segment").agg(
-        **{k: (k, "first") for k in keys}, start_ns=("start_ns", "min"), end_ns=("end_ns", "max")
+    merged = (
+        d.assign(segment=segment)
+        .groupby("segment")
+        .agg(**{k: (k, "first") for k in keys}, start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
     )
     return merged.reset_index(drop=True)
 
@@ -66,7 +68,9 @@ def covered_ns(starts: np.ndarray, ends: np.ndarray, merged: pd.DataFrame) -> np
 
     def coverage(t: np.ndarray) -> np.ndarray:
         i = np.searchsorted(lo, t, side="right")  # intervals starting at or before t
-        partial = np.where(i > 0, np.clip(t - lo[np.maximum(i - 1, 0)], 0, hi[np.maximum(i - 1, 0)] - lo[np.maximum(i - 1, 0)]), 0)
+        partial = np.where(
+            i > 0, np.clip(t - lo[np.maximum(i - 1, 0)], 0, hi[np.maximum(i - 1, 0)] - lo[np.maximum(i - 1, 0)]), 0
+        )
         return before[np.maximum(i - 1, 0)] * (i > 0) + partial
 
     return coverage(np.asarray(ends, dtype=np.int64)) - coverage(np.asarray(starts, dtype=np.int64))

@@ -62,9 +62,7 @@ def device_table(trace: Trace) -> pd.DataFrame:
     k = _kernels(trace).dropna(subset=["device"]).astype({"device": "int64"})
     k = k.assign(d=k["end_ns"] - k["start_ns"])
     check_sum_fits(k["d"])
-    per_kernel = k.groupby(keys).agg(
-        kernels=("d", "size"), kernel_ns=("d", "sum")
-    )
+    per_kernel = k.groupby(keys).agg(kernels=("d", "size"), kernel_ns=("d", "sum"))
     pairs = activity[[*keys, "rank"]].dropna().drop_duplicates().sort_values("rank")
     ranks = pairs.groupby(keys)["rank"].agg(lambda r: ",".join(str(int(v)) for v in r))
     out = pd.DataFrame({"busy_ns": busy, "span_ns": span_ns}).join(per_kernel).join(ranks.rename("ranks"))
@@ -122,9 +120,13 @@ def attach_nccl_bytes(nccl_kernels: pd.DataFrame, trace: Trace) -> pd.DataFrame:
     if ranges.empty:
         return out
     api = trace.launch_calls(out)
-    calls = out[["export", "pid", "correlation_id"]].reset_index().merge(
-        api[["export", "pid", "tid", "correlation_id", "start_ns"]].rename(columns={"start_ns": "call_ns"}),
-        on=["export", "pid", "correlation_id"],
+    calls = (
+        out[["export", "pid", "correlation_id"]]
+        .reset_index()
+        .merge(
+            api[["export", "pid", "tid", "correlation_id", "start_ns"]].rename(columns={"start_ns": "call_ns"}),
+            on=["export", "pid", "correlation_id"],
+        )
     )
     if calls.empty:
         return out
@@ -148,7 +150,9 @@ def copy_table(trace: Trace) -> pd.DataFrame:
     d = m.assign(dur=m["end_ns"] - m["start_ns"], bytes=_plausible_bytes(m["bytes"]).fillna(0))
     check_sum_fits(d["dur"])
     check_sum_fits(d["bytes"])
-    g = d.groupby("copy_kind", observed=True).agg(count=("dur", "size"), bytes=("bytes", "sum"), total_ns=("dur", "sum"))
+    g = d.groupby("copy_kind", observed=True).agg(
+        count=("dur", "size"), bytes=("bytes", "sum"), total_ns=("dur", "sum")
+    )
     return g.reset_index().sort_values("total_ns", ascending=False)[columns].reset_index(drop=True)
 
 
@@ -158,9 +162,13 @@ def nvtx_range_table(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
     ranges = v[v["event_type"].isin(NVTX_RANGE_TYPES) & v["end_ns"].notna()] if len(v) else v
     if ranges.empty:
         return pd.DataFrame(columns=columns)
-    d = ranges.assign(dur=(ranges["end_ns"] - ranges["start_ns"]).astype("int64"), range=ranges["text"].astype(object).fillna(""))
+    d = ranges.assign(
+        dur=(ranges["end_ns"] - ranges["start_ns"]).astype("int64"), range=ranges["text"].astype(object).fillna("")
+    )
     check_sum_fits(d["dur"])
-    g = d.groupby(["domain", "range"], observed=True).agg(count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean"))
+    g = d.groupby(["domain", "range"], observed=True).agg(
+        count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean")
+    )
     return g.reset_index().sort_values("total_ns", ascending=False).head(n)[columns].reset_index(drop=True)
 
 

@@ -87,7 +87,9 @@ def killed(mutant: Mutant, timeout_s: int = 900) -> tuple[bool, str]:
         target = root / mutant.path
         text = target.read_text()
         if text.count(mutant.old) != 1:
-            raise ValueError(f"{mutant.name}: the code to mutate is not in {mutant.path} exactly once; update the mutant")
+            raise ValueError(
+                f"{mutant.name}: the code to mutate is not in {mutant.path} exactly once; update the mutant"
+            )
         target.write_text(text.replace(mutant.old, mutant.new))
         result = subprocess.run(
             [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],

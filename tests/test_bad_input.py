@@ -19,7 +19,9 @@ SAMPLE = sample_paths("allreduce-2rank")[0]
 
 
 def run_report(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nsysan", "report", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "nsysan", "report", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:

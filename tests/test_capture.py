@@ -43,7 +43,9 @@ def nsysan(*args: str, **kw) -> subprocess.CompletedProcess[str]:
 
 
 def test_missing_nsys_is_one_line(tmp_path):
-    r = nsysan("capture", "-d", str(tmp_path / "runs"), "--", "true", env={**os.environ, "NSYS": str(tmp_path / "no-nsys")})
+    r = nsysan(
+        "capture", "-d", str(tmp_path / "runs"), "--", "true", env={**os.environ, "NSYS": str(tmp_path / "no-nsys")}
+    )
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "install" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists(), "nothing is created when nsys is missing"
@@ -54,7 +56,9 @@ def test_short_nsys_options_replace_the_defaults():
     assert "--trace=nvtx" in argv and "--sample=cpu" in argv and not any(a.startswith("-t") for a in argv)
 
 
-@pytest.mark.parametrize(("env", "marked"), [({"RANK": "3", "LOCAL_RANK": "1"}, True), ({"RANK": "3"}, False), ({}, False)])
+@pytest.mark.parametrize(
+    ("env", "marked"), [({"RANK": "3", "LOCAL_RANK": "1"}, True), ({"RANK": "3"}, False), ({}, False)]
+)
 def test_the_hook_marks_torchrun_workers_only(env, marked):
     from nsysan.capture.run import HOOK_DIR
 
@@ -77,7 +81,16 @@ def _only_run(root: Path) -> Path:
 @pytest.mark.nsys
 def test_capture_pg_scaling_attributes_every_rank(nsys_bin, tmp_path):
     need(__import__("importlib").util.find_spec("torch") is not None, "torch")
-    r = nsysan("capture", "-d", str(tmp_path), "--workload", "pg-scaling", "--nproc", "4", env={**os.environ, "NSYS": str(nsys_bin)})
+    r = nsysan(
+        "capture",
+        "-d",
+        str(tmp_path),
+        "--workload",
+        "pg-scaling",
+        "--nproc",
+        "4",
+        env={**os.environ, "NSYS": str(nsys_bin)},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     run = _only_run(tmp_path)
     manifest = json.loads((run / "manifest.json").read_text())

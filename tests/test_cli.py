@@ -38,7 +38,14 @@ def test_json_follows_the_findings_contract():
     result = invoke("report", SAMPLE, "--format", "json")
     assert result.exit_code == 0
     doc = json.loads(result.output)
-    assert set(doc) == {"nsysan_version", "traces", "findings", "groups", "summary", "profile"}  # profile: for `nsysan diff`
+    assert set(doc) == {
+        "nsysan_version",
+        "traces",
+        "findings",
+        "groups",
+        "summary",
+        "profile",
+    }  # profile: for `nsysan diff`
     assert doc["nsysan_version"] == __version__
     assert doc["traces"] == [{"path": SAMPLE, "schema_version": "3.28.1", "ranks": [0, 1], "devices": [0, 1]}]
     assert doc["findings"] == [] and doc["groups"] == []

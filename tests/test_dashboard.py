@@ -58,12 +58,19 @@ def test_zoomed_out_rows_show_their_busy_share_and_zoomed_in_every_interval():
     for busy, row in zip(heat.customdata, (0, 1)):
         lo, hi = data.bounds[row], data.bounds[row + 1]
         union = merge(pd.DataFrame({"g": 0, "start_ns": data.start[lo:hi], "end_ns": data.end[lo:hi]}), ["g"])
-        assert np.nansum(np.array(busy, dtype=float)) * width == pytest.approx((union["end_ns"] - union["start_ns"]).sum(), rel=0.01)
+        assert np.nansum(np.array(busy, dtype=float)) * width == pytest.approx(
+            (union["end_ns"] - union["start_ns"]).sum(), rel=0.01
+        )
     # a narrow window around one kernel: back to exact intervals, with the kernel's name on hover
     s, e = int(data.start[5]), int(data.end[5])
     zoomed = data.figure((s, e), row_detail_limit=2)
     assert all(t.type != "heatmap" for t in zoomed.data)
-    assert any(str(data.names[data.name[5]]) in text for t in zoomed.data for text in (t.hovertext if t.hovertext is not None else []) if text)
+    assert any(
+        str(data.names[data.name[5]]) in text
+        for t in zoomed.data
+        for text in (t.hovertext if t.hovertext is not None else [])
+        if text
+    )
 
 
 def test_one_long_interval_does_not_keep_a_zoomed_row_coarse(tmp_path):
@@ -119,7 +126,9 @@ def test_findings_of_one_group_fold_into_one_headline():
              _found(4, "", 3, severity="warning")]  # fmt: skip
     rows = headlines(found)
     assert [(r["id"], r["count"], r["impact_ms"], r["worst_ms"], r["worst_id"], r["severity"]) for r in rows] == [
-        (g, 3, 8.0, 5.0, 2, "critical"), ("#4", 1, 3.0, 3.0, 4, "warning")]
+        (g, 3, 8.0, 5.0, 2, "critical"),
+        ("#4", 1, 3.0, 3.0, 4, "warning"),
+    ]
     assert rows[0]["title"] == r"[slowed \[2\]](/findings/2)"  # the worst occurrence, linked to its page
     assert (rows[0]["status"], rows[0]["assignee"], rows[0]["rank"]) == ("2 open, 1 confirmed", "ada", 0)
     assert (rows[1]["status"], rows[1]["assignee"]) == ("open", "")
@@ -273,12 +282,18 @@ def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
     rows = table[ids.FINDINGS_TABLE]["data"]
     assert [(r["severity"], r["count"], r["impact_ms"]) for r in rows] == [("info", 3, 6.0), ("warning", 1, 5.0),
                                                                           ("critical", 1, 4.0)]  # fmt: skip
-    cell = {"id": ids.FINDINGS_TABLE, "property": "active_cell", "value": {"row": 0, "column": 0, "row_id": rows[0]["id"]}}
+    cell = {
+        "id": ids.FINDINGS_TABLE,
+        "property": "active_cell",
+        "value": {"row": 0, "column": 0, "row_id": rows[0]["id"]},
+    }
     listing = call({"output": f"{ids.OCCURRENCES}.children", "outputs": {"id": ids.OCCURRENCES, "property": "children"},
                     "inputs": [cell], "state": [*filters, trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.active_cell"]})  # fmt: skip
     heading, occurrences = listing[ids.OCCURRENCES]["children"]["props"]["children"]
     assert heading["props"]["children"].startswith("3 occurrences of comm_compute_slowdown")
-    assert [r["title"].rsplit("(", 1)[1] for r in occurrences["props"]["data"]] == [f"/findings/{i})" for i in (3, 2, 1)]
+    assert [r["title"].rsplit("(", 1)[1] for r in occurrences["props"]["data"]] == [
+        f"/findings/{i})" for i in (3, 2, 1)
+    ]
 
 
 def test_without_login_only_loopback_host_names_are_answered(server):

@@ -51,7 +51,9 @@ def _pair(truths: list[Planted], findings: list[Finding]) -> int:
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, bool, tuple[bool, str], list[Planted], list[Finding]]]:
+def outcomes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> list[tuple[str, bool, tuple[bool, str], list[Planted], list[Finding]]]:
     from nsysan.detect import run_detectors
 
     results = []

@@ -144,7 +144,9 @@ def test_groups_match_by_key_then_by_evidence_not_by_kind_and_rank(samples):
     assert unchanged[kernel]["impact"]["after"] == 40 and unchanged[kernel]["before"]["count"] == 2
     assert unchanged["nccl_ordering_stall|rank 2|stream 14|late rank 3"]["matched_by"] == "evidence"
     # same kind, rank and device, different kernel: a fixed one and a new one, not "unchanged"
-    assert [g["group"].split("|")[3] for g in f["fixed"]] == ["other"] and [g["group"].split("|")[3] for g in f["new"]] == ["third"]
+    assert [g["group"].split("|")[3] for g in f["fixed"]] == ["other"] and [
+        g["group"].split("|")[3] for g in f["new"]
+    ] == ["third"]
     verdict = gate(diff_documents(before, after), before, after, threshold=None, fail_on="new-findings")
     assert verdict["failed"]
     assert not gate(diff_documents(before, after), before, after, threshold=None, fail_on="critical")["failed"]
@@ -160,8 +162,19 @@ def test_confidence_separates_a_shift_from_noise():
 
 def test_a_change_within_step_noise_does_not_fail_the_gate(samples):
     (b, _), _ = samples
-    noisy = lambda steps: {**b, "profile": {**b["profile"], "steps": {"source": "nvtx", "detail": None, "per_rank": {  # noqa: E731
-        "0": {"step_ns": steps, "busy_pct": [50.0] * len(steps), "nccl_ns": [0.0] * len(steps)}}}}}
+    noisy = lambda steps: {
+        **b,
+        "profile": {
+            **b["profile"],
+            "steps": {
+                "source": "nvtx",
+                "detail": None,
+                "per_rank": {  # noqa: E731
+                    "0": {"step_ns": steps, "busy_pct": [50.0] * len(steps), "nccl_ns": [0.0] * len(steps)}
+                },
+            },
+        },
+    }
     before, after = noisy([10.0, 14.0, 9.0, 15.0, 12.0]), noisy([11.0, 15.0, 10.0, 16.0, 13.0])
     doc = diff_documents(before, after)
     verdict = gate(doc, before, after, threshold=5, metric="step")
@@ -187,13 +200,19 @@ def test_gate_exit_codes(real, tmp_path, monkeypatch, capsys):
     assert failed.returncode == 3 and "step worse by 13." in failed.stderr
     assert json.loads(failed.stdout)["gate"]["failed"] is True
     other = nsysan("diff", before, STALL)
-    assert other.returncode == 2 and other.stderr.count("\n") == 1 and "world size differs: 2 ranks before, 4 after" in other.stderr
+    assert (
+        other.returncode == 2
+        and other.stderr.count("\n") == 1
+        and "world size differs: 2 ranks before, 4 after" in other.stderr
+    )
     # saved JSON reports are baselines: the same figures as diffing the traces themselves
     saved = {}
     for name, path in (("before", before), ("after", after)):
         saved[name] = str(tmp_path / f"{name}.json")
         assert cli(monkeypatch, capsys, "report", path, "--format", "json", "-o", saved[name])[0] == 0
-    code, out, _ = cli(monkeypatch, capsys, "diff", saved["before"], after, "--format", "json", "--fail-on-regression", "5%")
+    code, out, _ = cli(
+        monkeypatch, capsys, "diff", saved["before"], after, "--format", "json", "--fail-on-regression", "5%"
+    )
     fresh = json.loads(failed.stdout)
     assert code == 3 and {k: v for k, v in json.loads(out).items() if k not in ("before", "after")} == \
         {k: v for k, v in fresh.items() if k not in ("before", "after")}  # fmt: skip
@@ -201,14 +220,20 @@ def test_gate_exit_codes(real, tmp_path, monkeypatch, capsys):
     assert cli(monkeypatch, capsys, "diff", b, a, "--fail-on-regression", "20%")[0] == 0
     assert cli(monkeypatch, capsys, "diff", a, b, "--fail-on-regression", "5%")[0] == 0  # faster: no regression
     assert cli(monkeypatch, capsys, "diff", b, a, "--metric", "busy", "--fail-on-regression", "5")[0] == 3
-    assert cli(monkeypatch, capsys, "diff", b, a, "--metric", "kernel:flash_fwd_kernel", "--fail-on-regression", "5")[0] == 0
+    assert (
+        cli(monkeypatch, capsys, "diff", b, a, "--metric", "kernel:flash_fwd_kernel", "--fail-on-regression", "5")[0]
+        == 0
+    )
     assert cli(monkeypatch, capsys, "diff", b, a, "--metric", "bogus")[0] == 2
     assert cli(monkeypatch, capsys, "diff", b, a, "--fail-on-regression", "five")[0] == 2
     assert cli(monkeypatch, capsys, "diff", b, a, "-o", a)[0] == 2 and json.loads(Path(a).read_text())["profile"]
     assert cli(monkeypatch, capsys, "diff", b, STALL, "--force")[0] == 0
     assert cli(monkeypatch, capsys, "diff", FIXED, STALL, "--fail-on", "new-findings")[0] == 3
     assert cli(monkeypatch, capsys, "diff", FIXED, STALL, "--fail-on", "critical")[0] == 3
-    assert cli(monkeypatch, capsys, "diff", STALL, FIXED, "--fail-on", "new-findings", "--fail-on-regression", "1%")[0] == 0
+    assert (
+        cli(monkeypatch, capsys, "diff", STALL, FIXED, "--fail-on", "new-findings", "--fail-on-regression", "1%")[0]
+        == 0
+    )
     # one step a rank: no spread to judge noise by, so the threshold alone decides, and says so
     code, _, err = cli(monkeypatch, capsys, "diff", FIXED, STALL, "--fail-on-regression", "5%")
     assert code == 3 and "no per-step samples to judge noise" in err
@@ -222,7 +247,9 @@ def test_a_capture_against_itself_changes_nothing():
     side = load_side(str(sample_paths("allreduce-4rank-2022.4")[0].parent))
     doc = diff_documents(side, side)
     assert doc["comparable"] == {"ok": True, "reasons": [], "notes": []}
-    assert all(r["median"]["delta"] == 0 for r in doc["steps"]["per_rank"]) and doc["steps"]["slowest"]["confidence"] < 0.6
+    assert (
+        all(r["median"]["delta"] == 0 for r in doc["steps"]["per_rank"]) and doc["steps"]["slowest"]["confidence"] < 0.6
+    )
     assert doc["kernels"]["regressions"] == doc["kernels"]["improvements"] == doc["kernels"]["appeared"] == []
     assert all(r["busy_ns"]["delta"] == 0 for r in doc["ranks"])
 
@@ -287,4 +314,8 @@ def test_dashboard_compare_uses_the_same_function(tmp_path, samples):
     assert c.diff["steps"] == doc["steps"] and c.diff["kernels"] == doc["kernels"] and c.diff["ranks"] == doc["ranks"]
     assert [f["group"] for f in c.fixed] == [g["group"] for g in doc["findings"]["fixed"]] and c.new == []
     text = str(page._result(type("S", (), {"store": store})(), *ids))
-    assert "8.81 ms → 3.96 ms (-55.0%)" in text and "waited 4996 us" in text and "Kernel improvements (by total time)" in text
+    assert (
+        "8.81 ms → 3.96 ms (-55.0%)" in text
+        and "waited 4996 us" in text
+        and "Kernel improvements (by total time)" in text
+    )

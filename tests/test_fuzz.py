@@ -143,7 +143,9 @@ def _tables(con: sqlite3.Connection) -> dict[str, list[str]]:
     return {n: [c[1] for c in con.execute(f'PRAGMA table_info("{n}")')] for n in names}
 
 
-def _pick_table(rng: random.Random, tables: dict[str, list[str]], con: sqlite3.Connection, with_rows: bool = True) -> str:
+def _pick_table(
+    rng: random.Random, tables: dict[str, list[str]], con: sqlite3.Connection, with_rows: bool = True
+) -> str:
     read = [t for t in _READ_TABLES if t in tables]
     if with_rows:
         read = [t for t in read if con.execute(f'SELECT EXISTS (SELECT 1 FROM "{t}")').fetchone()[0]] or read
@@ -243,7 +245,11 @@ def _sql_mutation(path: Path, klass: str, rng: random.Random) -> str:
             choice = rng.randrange(4)
             if choice == 0 and "TARGET_INFO_SESSION_START_TIME" in tables:
                 value = rng.choice([str(INT64_MAX), str(INT64_MIN), "9223372036854775808", "'x'", "X'00'", "NULL"])
-                _exec(con, "TARGET_INFO_SESSION_START_TIME", f"UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = {value}")
+                _exec(
+                    con,
+                    "TARGET_INFO_SESSION_START_TIME",
+                    f"UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = {value}",
+                )
                 return f"utcEpochNs = {value}"
             if choice == 1 and "NVTX_EVENTS" in tables:
                 text = rng.choice(["nsysan rank=99999999999999999999", "MPI Rank 18446744073709551616",

@@ -39,7 +39,9 @@ def run(kind: str, paths: list[Path]) -> list[Finding]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[int, bool, tuple[str, bool], list, list, list]]]:
+def outcomes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict[str, list[tuple[int, bool, tuple[str, bool], list, list, list]]]:
     results: dict[str, list] = {kind: [] for kind in KINDS}
     for kind in KINDS:
         for seed in SEEDS:
@@ -52,8 +54,10 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[i
 
 
 def test_table(outcomes, capsys):
-    lines = [f"seeds {SEEDS.start}-{SEEDS.stop - 1} x (planted, clean); flavours 2022.4/current x layouts one-file/per-rank",
-             f"{'kind':<22}{'planted':>8}{'found':>7}{'matched':>8}{'precision':>10}{'recall':>8}{'clean findings':>16}"]
+    lines = [
+        f"seeds {SEEDS.start}-{SEEDS.stop - 1} x (planted, clean); flavours 2022.4/current x layouts one-file/per-rank",
+        f"{'kind':<22}{'planted':>8}{'found':>7}{'matched':>8}{'precision':>10}{'recall':>8}{'clean findings':>16}",
+    ]
     for kind, rows in outcomes.items():
         score = Score()
         for _, _, _, paths, truths, findings in rows:
@@ -78,7 +82,8 @@ def test_precision_and_recall(outcomes, kind):
     for _, _, _, paths, truths, findings in outcomes[kind]:
         score.add(truths, paths, findings, kind)
     assert score.precision >= 0.95 and score.recall >= 0.95, (
-        f"{kind}: precision {score.precision:.3f}, recall {score.recall:.3f} ({score.matched}/{score.found}/{score.planted})")
+        f"{kind}: precision {score.precision:.3f}, recall {score.recall:.3f} ({score.matched}/{score.found}/{score.planted})"
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -122,7 +127,9 @@ def _rank(tmp_path: Path, flavour: str = "current") -> Rank:
     return _job(tmp_path, random.Random(0), 1, flavour, False)[0]
 
 
-def _replays(rk: Rank, t: int, gap: int, pre: str | None, n: int = 5, events: bool = False) -> tuple[int, list[int], list[int]]:
+def _replays(
+    rk: Rank, t: int, gap: int, pre: str | None, n: int = 5, events: bool = False
+) -> tuple[int, list[int], list[int]]:
     """``n`` replays of GEMM [-> copy/memset node] -> all-reduce ``gap`` after its producer.
     Returns (time after, producer ends, all-reduce starts)."""
     order = ["cudaLaunchKernel"] + ([{"copy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync"}[pre]] if pre else []) + (
@@ -254,15 +261,25 @@ _NO_WORK = """NOT EXISTS (SELECT 1 FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE k.cor
 def test_real_h100_command_buffer_full_matches_the_rows(h100):
     # plain SQL: per thread, rows, blocked ns (the rows of a thread never overlap, so the sum is
     # the union), and the rows whose call queued no GPU work inside the capture
-    per_thread = {tid: (n, blocked) for tid, n, blocked in _sql(h100, f"SELECT o.globalTid % 16777216, count(*), "
-                                                                      f"sum(o.end - o.start) {_CBF_ROWS} GROUP BY 1")}
+    per_thread = {
+        tid: (n, blocked)
+        for tid, n, blocked in _sql(
+            h100, f"SELECT o.globalTid % 16777216, count(*), sum(o.end - o.start) {_CBF_ROWS} GROUP BY 1"
+        )
+    }
     assert per_thread == {111: (99, 455_907_792), 112: (99, 456_062_014)}
-    assert _sql(h100, f"SELECT count(*) {_CBF_ROWS} AND EXISTS (SELECT 1 FROM CUPTI_ACTIVITY_KIND_OVERHEAD p "
-                      "WHERE p.globalTid = o.globalTid AND p.rowid <> o.rowid AND p.start < o.end AND o.start < p.end)") == [(0,)]
+    assert _sql(
+        h100,
+        f"SELECT count(*) {_CBF_ROWS} AND EXISTS (SELECT 1 FROM CUPTI_ACTIVITY_KIND_OVERHEAD p "
+        "WHERE p.globalTid = o.globalTid AND p.rowid <> o.rowid AND p.start < o.end AND o.start < p.end)",
+    ) == [(0,)]
     outside = dict(_sql(h100, f"SELECT o.globalTid % 16777216, count(*) {_CBF_ROWS} AND {_NO_WORK} GROUP BY 1"))
     assert outside == {111: 29, 112: 29}
-    last_work = _sql(h100, "SELECT max(end) FROM (SELECT end FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
-                           "SELECT end FROM CUPTI_ACTIVITY_KIND_MEMCPY)")[0][0]
+    last_work = _sql(
+        h100,
+        "SELECT max(end) FROM (SELECT end FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL "
+        "SELECT end FROM CUPTI_ACTIVITY_KIND_MEMCPY)",
+    )[0][0]
 
     found = run("command_buffer_full", [h100])
     assert len(found) == 34
@@ -278,7 +295,10 @@ def test_real_h100_command_buffer_full_matches_the_rows(h100):
         assert sum(f.evidence["overhead_rows"] for f in unknown) == outside[tid]
         for f in unknown:  # the capture ends ~420 ms before these launches' kernels would run
             assert f.evidence["calls_with_work_in_capture"] == 0 and f.evidence["kernels_queued"] == []
-            assert f.evidence["gpu"] == "the kernels these launches queued fall outside the capture window; GPU state unknown"
+            assert (
+                f.evidence["gpu"]
+                == "the kernels these launches queued fall outside the capture window; GPU state unknown"
+            )
             assert "fall outside the capture window; GPU state unknown" in f.advice and "idle" not in f.advice
             assert f.start_ns < last_work
         for f in saturated:  # busy with Host-to-Device copies, the queued kernels ran ~0.42 s later

@@ -185,9 +185,12 @@ def test_all_kernel_names_dangling(tmp_path):
 def test_session_start_out_of_range(tmp_path, value):
     """trace.job_clock overflowed on utcEpochNs = 2**63."""
     ranks = sorted((SAMPLES_DIR / "allreduce-4rank-2022.4").glob("*.sqlite"))
-    if not ranks or not sqlite3.connect(ranks[0]).execute(
-        "SELECT 1 FROM sqlite_master WHERE name = 'TARGET_INFO_SESSION_START_TIME'"
-    ).fetchone():
+    if (
+        not ranks
+        or not sqlite3.connect(ranks[0])
+        .execute("SELECT 1 FROM sqlite_master WHERE name = 'TARGET_INFO_SESSION_START_TIME'")
+        .fetchone()
+    ):
         ranks = [SAMPLE]
     paths = [damaged(tmp_path, f"UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = {value}", sample=ranks[0],
                      name="r0.sqlite")] + [shutil.copy(p, tmp_path / f"r{i}.sqlite") for i, p in enumerate(ranks[1:], 1)]  # fmt: skip

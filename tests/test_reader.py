@@ -15,7 +15,10 @@ from nsysan.ingest.nccl import classify_name
 from nsysan.ingest.tables import find_table
 
 SHAPES = [
-    pytest.param(JobSpec(flavour=f, file_per_rank=per_rank, ranks=n, seed=n), id=f"{f}-{'per-rank' if per_rank else 'one-file'}-{n}")
+    pytest.param(
+        JobSpec(flavour=f, file_per_rank=per_rank, ranks=n, seed=n),
+        id=f"{f}-{'per-rank' if per_rank else 'one-file'}-{n}",
+    )
     for f in ("2022.4", "current")
     for per_rank, n in ((False, 2), (True, 3))
 ]
@@ -31,7 +34,9 @@ def test_reader_matches_ground_truth(tmp_path, spec):
         assert t.ranks["world_size"].tolist() == [spec.ranks] * spec.ranks
         assert t.kernels.groupby("export").size().to_dict() == dict(truth.kernels)
         assert t.kernels.groupby("export")["nccl_kind"].count().to_dict() == dict(truth.nccl_kernels)
-        assert (t.memcpy["copy_kind"] == "Peer-to-Peer").groupby(t.memcpy["export"]).sum().to_dict() == dict(truth.peer_copies)
+        assert (t.memcpy["copy_kind"] == "Peer-to-Peer").groupby(t.memcpy["export"]).sum().to_dict() == dict(
+            truth.peer_copies
+        )
         ranges = t.nvtx[t.nvtx["event_type"] == "push_pop"]
         assert ranges.groupby("export").size().to_dict() == dict(truth.nvtx_ranges)
         assert set(ranges["domain"]) == {"train", "NCCL"}
@@ -39,7 +44,9 @@ def test_reader_matches_ground_truth(tmp_path, spec):
         assert t.kernels["rank"].notna().all() and t.kernels["short_name"].notna().all()
         assert set(t.kernels["nccl_op"].dropna()) == {"AllReduce"}
         # every kernel finds its launch call through the correlation id
-        launched = t.kernels[t.kernels["graph_node_id"].isna()].merge(t.cuda_api, on=["export", "pid", "correlation_id"])
+        launched = t.kernels[t.kernels["graph_node_id"].isna()].merge(
+            t.cuda_api, on=["export", "pid", "correlation_id"]
+        )
         assert len(launched) == len(t.kernels)
         assert t.devices["device"].tolist() == sorted(d for ds in truth.devices.values() for d in ds)
         if spec.file_per_rank:
@@ -94,7 +101,10 @@ def test_overhead_type_resolved_through_enum_at_run_time(tmp_path):
     with load_trace([tmp_path / "o.sqlite"]) as t:
         o = t.overhead.sort_values("start_ns")
     assert o["overhead_type"].astype(object).where(o["overhead_type"].notna(), None).tolist() == [
-        None, "Command Buffer Full", "CUPTI buffer flush"]
+        None,
+        "Command Buffer Full",
+        "CUPTI buffer flush",
+    ]
     assert o["source"].tolist() == ["PROFILER_OVERHEAD", "CUPTI_ACTIVITY_KIND_OVERHEAD", "CUPTI_ACTIVITY_KIND_OVERHEAD"]
     assert o["pid"].tolist() == [7, 7, 7]
 
@@ -108,8 +118,10 @@ def test_global_ids_decode():
     ("name", "expected"),
     [
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", ("collective", "AllReduce", "Sum", "f32", "RING", "LL")),
-        ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_SIMPLE(ncclDevKernelArgsStorage<4096ul>)",
-         ("collective", "ReduceScatter", "Sum", "bf16", "RING", "SIMPLE")),
+        (
+            "ncclDevKernel_ReduceScatter_Sum_bf16_RING_SIMPLE(ncclDevKernelArgsStorage<4096ul>)",
+            ("collective", "ReduceScatter", "Sum", "bf16", "RING", "SIMPLE"),
+        ),
         ("ncclDevKernel_AllGather_RING_LL", ("collective", "AllGather", None, None, "RING", "LL")),
         ("ncclDevKernel_Broadcast_RING_LL128", ("collective", "Broadcast", None, None, "RING", "LL128")),
         ("ncclDevKernel_AllReduce_Sum_f16_NVLS_SIMPLE", ("collective", "AllReduce", "Sum", "f16", "NVLS", "SIMPLE")),
@@ -117,7 +129,10 @@ def test_global_ids_decode():
         ("ncclDevKernel_Generic", ("generic", "Generic", None, None, None, None)),
         ("ncclKernel_AllReduce_RING_LL_Sum_float", ("collective", "AllReduce", "Sum", "f32", "RING", "LL")),
         ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", ("p2p", "SendRecv", None, None, "RING", "SIMPLE")),
-        ("ncclKernel_ReduceScatter_RING_LL_Sum___nv_bfloat16", ("collective", "ReduceScatter", "Sum", "bf16", "RING", "LL")),
+        (
+            "ncclKernel_ReduceScatter_RING_LL_Sum___nv_bfloat16",
+            ("collective", "ReduceScatter", "Sum", "bf16", "RING", "LL"),
+        ),
         ("ampere_sgemm_128x64_tn", (None,) * 6),
         ("void at::native::vectorized_elementwise_kernel<4>(int)", (None,) * 6),
     ],

@@ -31,7 +31,9 @@ def sql_figures(path: Path) -> dict[str, object]:
         "kernels": one("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_KERNEL"),
         "memcpy": one("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMCPY"),
         # copyKind 10 is CUDA_MEMCPY_KIND_PTOP in every schema version so far
-        "peer_copies": one("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 10", "CUPTI_ACTIVITY_KIND_MEMCPY"),
+        "peer_copies": one(
+            "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE copyKind = 10", "CUPTI_ACTIVITY_KIND_MEMCPY"
+        ),
         "nvtx_ranges": one("SELECT count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60)", "NVTX_EVENTS"),
         "nvtx_marks": one("SELECT count(*) FROM NVTX_EVENTS WHERE eventType = 34", "NVTX_EVENTS"),
         "devices": sorted(devices),

@@ -33,7 +33,9 @@ def test_fold_counts_totals_and_worst_first():
     docs = [f.to_dict() for f in grade([(f, 100 * MS) for f in found], SeverityParams())]
     folded = fold_groups(docs)
     assert [(g["group"], g["count"], g["impact_ns"], g["worst"], g["severity"]) for g in folded] == [
-        ("a", 3, 8 * MS, 1, "critical"), ("", 1, 3 * MS, 3, "warning")]
+        ("a", 3, 8 * MS, 1, "critical"),
+        ("", 1, 3 * MS, 3, "warning"),
+    ]
 
 
 def test_every_format_shows_one_headline_per_group():

@@ -65,7 +65,9 @@ def test_nulls_the_schema_allows(tmp_path):
     con.execute("UPDATE NVTX_EVENTS SET uint64Value = 9223372036854775807, int64Value = NULL WHERE rowid = 3")
     tid = global_tid(4100, 4100) | (3 << 56)  # a non-zero hardware id in the top byte
     con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text) VALUES (5, 9, 59, NULL, 'orphan')")
-    con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text) VALUES (5, 9, 59, ?, 'big tid')", (tid,))
+    con.execute(
+        "INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, text) VALUES (5, 9, 59, ?, 'big tid')", (tid,)
+    )
     con.commit()
     con.close()
     with load_trace(paths) as trace:
@@ -99,7 +101,10 @@ def test_limitations_are_judged_per_export(tmp_path):
     with load_trace(paths) as trace:
         summary = analyse(trace)["summary"]
     assert any(n.startswith("NCCL kernels without NCCL NVTX ranges in 1 of 2 exports") for n in summary["limitations"])
-    assert sorted((str(row["bytes"]), row["count"]) for row in summary["nccl"]) == [(str(64 * 2**20), 4), ("unknown", 4)]
+    assert sorted((str(row["bytes"]), row["count"]) for row in summary["nccl"]) == [
+        (str(64 * 2**20), 4),
+        ("unknown", 4),
+    ]
 
 
 def test_two_jobs_claiming_the_same_rank_are_flagged(tmp_path):
@@ -119,7 +124,10 @@ def test_exports_whose_strings_do_not_resolve_still_combine(tmp_path):
     con.close()
     with load_trace(good + bad) as trace:
         k = trace.kernels
-    assert k.groupby("export")["short_name"].count().to_dict() == {0: len(k[k["export"] == 0]), 1: len(k[k["export"] == 1])}
+    assert k.groupby("export")["short_name"].count().to_dict() == {
+        0: len(k[k["export"] == 0]),
+        1: len(k[k["export"] == 1]),
+    }
     assert k.loc[k["export"] == 1, "short_name"].astype(str).str.startswith("<unknown string ").all()
 
 

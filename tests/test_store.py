@@ -66,7 +66,9 @@ def test_only_nsys_exports_are_registered(store, tmp_path):
 def test_review_edits_comments_and_notes_persist(store):
     trace_id = _analysed(store, "launch-queue-full")
     (finding,) = store.findings(trace_id)
-    version = store.update_finding(finding["id"], based_on_version=finding["version"], status="confirmed", assignee="ada")
+    version = store.update_finding(
+        finding["id"], based_on_version=finding["version"], status="confirmed", assignee="ada"
+    )
     store.comment(finding["id"], "ada", "fuse the elementwise kernels")
     store.note(trace_id, "bob", "captured on node 7")
     again = ReviewStore(store.url)  # a new process would see the same
@@ -95,7 +97,10 @@ def test_two_concurrent_edits_of_one_finding(store):
         except StaleEdit as exc:
             results[who] = exc
 
-    threads = [threading.Thread(target=edit, args=("ada", "confirmed")), threading.Thread(target=edit, args=("bob", "false positive"))]
+    threads = [
+        threading.Thread(target=edit, args=("ada", "confirmed")),
+        threading.Thread(target=edit, args=("bob", "false positive")),
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -167,7 +172,10 @@ def _schema_1_store(url: str) -> None:
         for ddl in _SCHEMA_1.format(**_TYPES[engine.dialect.name]).split(";"):
             if ddl.strip():
                 c.exec_driver_sql(ddl)
-        c.execute(sa.table("nsysan_meta", sa.column("key"), sa.column("value")).insert(), [{"key": "schema_version", "value": "1"}])
+        c.execute(
+            sa.table("nsysan_meta", sa.column("key"), sa.column("value")).insert(),
+            [{"key": "schema_version", "value": "1"}],
+        )
         c.execute(sa.table("traces", sa.column("name"), json("paths"), sa.column("status"), json("ranks"), json("devices"),
                            json("summary"), sa.column("registered_at")).insert(),
                   [{"name": "old", "paths": ["/x.sqlite"], "status": "ready", "ranks": [0], "devices": [0], "summary": {},
@@ -178,8 +186,10 @@ def _schema_1_store(url: str) -> None:
                   [{"trace_id": 1, "kind": "nccl_ordering_stall", "severity": "critical", "rank": 2, "start_ns": 10,
                     "end_ns": 20, "impact_ns": 10, "title": "stalled", "advice": "reorder", "status": "confirmed",
                     "assignee": "ada", "version": 3, "evidence": {"late_rank": 3}}])  # fmt: skip
-        c.execute(sa.table("comments", *map(sa.column, ("finding_id", "author", "body", "created_at"))).insert(),
-                  [{"finding_id": 1, "author": "ada", "body": "seen it", "created_at": now}])
+        c.execute(
+            sa.table("comments", *map(sa.column, ("finding_id", "author", "body", "created_at"))).insert(),
+            [{"finding_id": 1, "author": "ada", "body": "seen it", "created_at": now}],
+        )
     engine.dispose()
 
 
@@ -244,7 +254,9 @@ def test_a_sqlite_store_in_a_missing_directory_is_refused_in_one_line(tmp_path):
 
 def test_a_missing_database_driver_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if psycopg were not installed
-    with pytest.raises(StoreUnavailable, match=r'driver is not installed \(psycopg\); pip install "nsysan\[postgres\]"'):
+    with pytest.raises(
+        StoreUnavailable, match=r'driver is not installed \(psycopg\); pip install "nsysan\[postgres\]"'
+    ):
         ReviewStore("postgresql+psycopg://user:secret@127.0.0.1/db")
 
 

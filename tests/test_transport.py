@@ -18,8 +18,24 @@ from tests.conftest import IN_CI
 
 torch = __import__("torch") if IN_CI else pytest.importorskip("torch")
 
-DTYPES = ["float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
-          "complex64", "complex128", "uint16", "uint32", "uint64", "float8_e4m3fn"]
+DTYPES = [
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float8_e4m3fn",
+]
 
 
 def free_port() -> int:
@@ -60,7 +76,9 @@ def payload(index: int, nbytes: int, dtype: str):
     """Deterministic bytes viewed as ``dtype``: a slice of one random block (made once per process,
     the same in every process) at an offset set by the message's index; compared bit for bit."""
     if "block" not in _NOISE:
-        _NOISE["block"] = torch.randint(0, 256, (8 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+        _NOISE["block"] = torch.randint(
+            0, 256, (8 << 20,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7)
+        )
     offset = (index * 40503) % (4 << 20)
     return _NOISE["block"][offset : offset + nbytes].clone().view(getattr(torch, dtype))
 
@@ -124,8 +142,14 @@ def soak(store, rank, world, count, seed, max_bytes, window):
             peak_files = max(peak_files, len(os.listdir("/proc/self/fd")))
         store.set(f"soak/{rank}", "1")
         store.wait([f"soak/{r}" for r in range(world)])
-    return {"sent": sent, "received": received, "bad": bad, "files": peak_files, "prefix": token_files,
-            "seconds": time.monotonic() - start}
+    return {
+        "sent": sent,
+        "received": received,
+        "bad": bad,
+        "files": peak_files,
+        "prefix": token_files,
+        "seconds": time.monotonic() - start,
+    }
 
 
 def test_ten_thousand_random_transfers_arrive_bit_exact_and_leave_nothing():
@@ -151,7 +175,11 @@ def head_of_line(store, rank, world):
             ready_s = time.monotonic() - start
             late_pending = not late.is_completed()
             late.wait(timeout=20)
-            result = {"ready_s": ready_s, "late_pending_when_ready_done": late_pending, "late_s": time.monotonic() - start}
+            result = {
+                "ready_s": ready_s,
+                "late_pending_when_ready_done": late_pending,
+                "late_s": time.monotonic() - start,
+            }
         else:
             if rank == 1:
                 time.sleep(3)
@@ -213,7 +241,11 @@ def test_a_killed_peer_fails_the_others_naming_it_within_the_timeout():
     results = dict(queue.get(timeout=120) for _ in range(2))
     for p in procs:
         p.join(timeout=30)
-    assert "rank 2 (pid" in results[0]["error"] and "died" in results[0]["error"] and "send 0->2 tag 7" in results[0]["error"]
+    assert (
+        "rank 2 (pid" in results[0]["error"]
+        and "died" in results[0]["error"]
+        and "send 0->2 tag 7" in results[0]["error"]
+    )
     assert results[0]["seconds"] < 10  # within the configured timeout
     assert results[0]["left"] == []  # the dead rank's segments were removed
     assert "recv 1<-2 tag 3" in results[1]["error"] and "rank 2 (pid" in results[1]["error"]

@@ -41,7 +41,9 @@ def test_graph_allreduce_says_it_needs_a_gpu():
     need(__import__("importlib").util.find_spec("torch") is not None, "torch")
     if __import__("torch").cuda.is_available():
         pytest.skip("this machine has a GPU")
-    r = subprocess.run([sys.executable, "-m", "nsysan.workloads.graph_allreduce"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "nsysan.workloads.graph_allreduce"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 1 and "needs CUDA GPUs and NCCL" in r.stderr and "Traceback" not in r.stderr
 
 

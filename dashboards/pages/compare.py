@@ -19,7 +19,9 @@ _FINDINGS_TABLE = "Findings:"  # shown as the three columns instead
 
 
 def layout(server: Server, before: int | None = None, after: int | None = None) -> html.Div:
-    options = [{"label": f"{t['id']}: {t['name']}", "value": t["id"]} for t in server.store.traces() if t["status"] == "ready"]
+    options = [
+        {"label": f"{t['id']}: {t['name']}", "value": t["id"]} for t in server.store.traces() if t["status"] == "ready"
+    ]
     return html.Div([
         html.H1("Compare two captures"),
         html.P("Pick the capture from before a fix and the one from after it (the same comparison as `nsysan diff`).", className="hint"),
@@ -51,8 +53,10 @@ def _result(server: Server, before: int | None, after: int | None) -> Any:
     if c.step_ns_before and c.step_ns_after:
         step = change(slowest)
     else:
-        step = (f"{duration(c.step_ns_before)} → {duration(c.step_ns_after)} "
-                "(needs NVTX step ranges or a repeating kernel sequence in both)")
+        step = (
+            f"{duration(c.step_ns_before)} → {duration(c.step_ns_after)} "
+            "(needs NVTX step ranges or a repeating kernel sequence in both)"
+        )
     return html.Div([
         html.P([html.B("Step time (slowest rank's median): "), html.Span(step, id="step-change"),
                 html.Small(f" confidence {confidence(slowest['confidence'])}", className="hint")]),

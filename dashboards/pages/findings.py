@@ -19,7 +19,12 @@ from nsysan.detect import registered
 from nsysan.report.document import SEVERITY_RANK, fold_groups
 from nsysan.store import FINDING_STATUSES, NotFound
 
-FILTERS = {ids.FILTER_KIND: "kind", ids.FILTER_SEVERITY: "severity", ids.FILTER_STATUS: "status", ids.FILTER_RANK: "rank"}
+FILTERS = {
+    ids.FILTER_KIND: "kind",
+    ids.FILTER_SEVERITY: "severity",
+    ids.FILTER_STATUS: "status",
+    ids.FILTER_RANK: "rank",
+}
 COLUMNS = [
     {"id": "severity", "name": "severity"},
     {"id": "kind", "name": "kind"},

@@ -56,7 +56,9 @@ def register(app: dash.Dash, server: Server) -> None:
         lines = [f"Registered {len(found.ids)} new trace(s)."] + [f"Skipped: {e}" for e in found.errors]
         return html.Div([html.P(line, className="error" if line.startswith("Skipped") else "ok") for line in lines])
 
-    @app.callback(Output(ids.LIBRARY_TABLE, "children"), Input(ids.LIBRARY_POLL, "n_intervals"), prevent_initial_call=True)
+    @app.callback(
+        Output(ids.LIBRARY_TABLE, "children"), Input(ids.LIBRARY_POLL, "n_intervals"), prevent_initial_call=True
+    )
     def _refresh(_n: int) -> Any:
         return _table(server)
 
@@ -90,8 +92,15 @@ def _row(server: Server, t: dict[str, Any]) -> html.Tr:
     working = server.analysis.working(t["id"])
     status = working.describe() if working else t["status"]  # queued, analysing, or preparing the timeline
     ready = status == "ready"
-    status_cell = html.Td([status, html.Div(t["error"], className="error")] if t["error"] else status, className="status")
-    counts = [html.Td(t["findings"][s] if ready else "", className=f"count {s}{' some' if ready and t['findings'][s] else ''}") for s in ("critical", "warning", "info")]
+    status_cell = html.Td(
+        [status, html.Div(t["error"], className="error")] if t["error"] else status, className="status"
+    )
+    counts = [
+        html.Td(
+            t["findings"][s] if ready else "", className=f"count {s}{' some' if ready and t['findings'][s] else ''}"
+        )
+        for s in ("critical", "warning", "info")
+    ]
     return html.Tr(**{"data-trace": str(t["id"])}, children=[
         html.Td(t["id"]),
         html.Td(dcc.Link(t["name"], href=f"/traces/{t['id']}")),

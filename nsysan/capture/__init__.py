@@ -3,4 +3,13 @@
 from nsysan.capture.command import DEFAULT_OPTIONS, check_overrides, nsys_argv
 from nsysan.capture.run import CaptureFailed, Manifest, capture, check_nsys, run_directory
 
-__all__ = ["DEFAULT_OPTIONS", "CaptureFailed", "check_overrides", "Manifest", "capture", "check_nsys", "nsys_argv", "run_directory"]
+__all__ = [
+    "DEFAULT_OPTIONS",
+    "CaptureFailed",
+    "check_overrides",
+    "Manifest",
+    "capture",
+    "check_nsys",
+    "nsys_argv",
+    "run_directory",
+]

@@ -171,6 +171,8 @@ def capture(
             manifest.status = "interrupted" if signals else "ok" if code == 0 else "workload failed"
         manifest.write(output_dir)
     if manifest.status == "nsys failed":
-        raise CaptureFailed(f"nsys wrote no report (exit code {code}); see its messages above and {output_dir / 'manifest.json'}")
+        raise CaptureFailed(
+            f"nsys wrote no report (exit code {code}); see its messages above and {output_dir / 'manifest.json'}"
+        )
     say(f"{manifest.status}: {sqlite if sqlite.exists() else rep} (exit code {manifest.exit_code})")
     return manifest, output_dir

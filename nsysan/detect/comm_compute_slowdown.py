@@ -108,7 +108,9 @@ _ADVICE = {
 class Params(SeverityParams):
     overlap_share: float = param(0.5, "share of a kernel's time one class of communication must cover to count it")
     min_samples: int = param(2, "clean instances needed at a program position for a baseline (they must also agree)")
-    baseline_spread: float = param(0.10, "largest spread of a position's clean durations (share of expected) for a baseline")
+    baseline_spread: float = param(
+        0.10, "largest spread of a position's clean durations (share of expected) for a baseline"
+    )
     min_ratio: float = param(1.15, "clock-corrected duration / expected needed to call an overlapped instance slowed")
     clean_margin: float = param(0.05, "how far above the largest clean duration a slowed instance must be")
     clock_tolerance: float = param(0.03, "a step's clock factor this close to 1 is jitter and is not applied")
@@ -174,7 +176,10 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     calls = trace.launch_calls(compute[["export", "pid", "correlation_id"]].dropna())
     calls = calls.dropna(subset=["start_ns", "correlation_id"]).drop_duplicates(["export", "pid", "correlation_id"])
     launch = compute[["export", "pid", "correlation_id"]].merge(
-        calls[["export", "pid", "correlation_id", "tid", "start_ns"]], how="left", on=["export", "pid", "correlation_id"])
+        calls[["export", "pid", "correlation_id", "tid", "start_ns"]],
+        how="left",
+        on=["export", "pid", "correlation_id"],
+    )
     text = r["text"].astype(str)
     norm = text.map(dict(zip(pd.unique(text), (re.sub(r"\d+", "#", t) for t in pd.unique(text)))))
     r = r.assign(norm=norm.to_numpy(dtype=object), raw=text.to_numpy(dtype=object))
@@ -380,7 +385,9 @@ def _overlapping(s: pd.DataFrame, comm: pd.DataFrame) -> pd.Series:
 def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
     first = e.iloc[0]
     name, mask = str(first["name"]), int(first["cls"])
-    grid, block = unpack_shape(first["grid"], first["block"]) if first["grid"] >= 0 and first["block"] >= 0 else (None, None)
+    grid, block = (
+        unpack_shape(first["grid"], first["block"]) if first["grid"] >= 0 and first["block"] >= 0 else (None, None)
+    )
     cls = _class_label(mask)
     per_instance = (e["expected"] * e["factor"]).head(_EVIDENCE_INSTANCES)
     expected = float((e["expected"] * e["factor"]).mean())
@@ -394,8 +401,10 @@ def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
     return Finding(
         kind=KIND,
         severity=Severity.INFO,
-        title=(f"{label} ({shape}) {actual / expected:.2f}x slower while {cls} runs: {len(e)} instance(s) in "
-               f"{step}, {actual / 1e3:.0f} us vs {expected / 1e3:.0f} us expected"),  # fmt: skip
+        title=(
+            f"{label} ({shape}) {actual / expected:.2f}x slower while {cls} runs: {len(e)} instance(s) in "
+            f"{step}, {actual / 1e3:.0f} us vs {expected / 1e3:.0f} us expected"
+        ),  # fmt: skip
         advice=" ".join(_ADVICE[i] for i in range(len(CLASSES)) if mask >> i & 1),
         start_ns=int(e["start_ns"].min()),
         end_ns=int(e["end_ns"].max()),

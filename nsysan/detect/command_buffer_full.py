@@ -67,7 +67,9 @@ def _rows(trace: Trace) -> pd.DataFrame:
     o = trace.overhead
     if o.empty:
         return o
-    text = o["overhead_type"].astype(object).fillna("").astype(str) + " " + o["name"].astype(object).fillna("").astype(str)
+    text = (
+        o["overhead_type"].astype(object).fillna("").astype(str) + " " + o["name"].astype(object).fillna("").astype(str)
+    )
     text = text.str.lower().str.replace("_", " ", regex=False)
     rows = o[text.str.contains(_LABEL, regex=False)]
     return rows.astype({"start_ns": "int64", "end_ns": "int64", "pid": "int64", "tid": "int64"})
@@ -170,8 +172,16 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     return grade(graded, p)
 
 
-def _finding(c: pd.Series, calls: pd.DataFrame, queued: pd.DataFrame, shares: dict[str, float], process_on_gpu: bool,
-             threads: pd.Series, run: int, p: Params) -> Finding:
+def _finding(
+    c: pd.Series,
+    calls: pd.DataFrame,
+    queued: pd.DataFrame,
+    shares: dict[str, float],
+    process_on_gpu: bool,
+    threads: pd.Series,
+    run: int,
+    p: Params,
+) -> Finding:
     export, pid, tid = int(c["export"]), int(c["pid"]), int(c["tid"])
     start, end, blocked = int(c["start_ns"]), int(c["end_ns"]), int(c["blocked_ns"])
     known = pid != 0  # globalTid NULL decodes to pid 0: the thread is unknown
@@ -212,8 +222,10 @@ def _finding(c: pd.Series, calls: pd.DataFrame, queued: pd.DataFrame, shares: di
     return Finding(
         kind=KIND,
         severity=Severity.INFO,
-        title=(f"Launch queue full: thread {tid if known else '(unknown)'} blocked {blocked / 1e6:.2f} ms "
-               f"in {len(calls)} calls"),  # fmt: skip
+        title=(
+            f"Launch queue full: thread {tid if known else '(unknown)'} blocked {blocked / 1e6:.2f} ms "
+            f"in {len(calls)} calls"
+        ),  # fmt: skip
         advice=why,
         start_ns=start,
         end_ns=end,
@@ -232,9 +244,13 @@ def _finding(c: pd.Series, calls: pd.DataFrame, queued: pd.DataFrame, shares: di
             "share_of_run": share_text(blocked, run),
             "launch_calls": int(len(calls)),
             "blocked_calls": {str(k): int(v) for k, v in calls["name"].astype(str).value_counts().items()},
-            "correlation_ids": [int(calls["correlation_id"].min()), int(calls["correlation_id"].max())] if len(calls) else [],
+            "correlation_ids": [int(calls["correlation_id"].min()), int(calls["correlation_id"].max())]
+            if len(calls)
+            else [],
             "calls_with_work_in_capture": int(with_work),
-            "kernels_queued": [{"kernel": k, "count": int(n)} for k, n in queued["work"].astype(str).value_counts().head(5).items()],
+            "kernels_queued": [
+                {"kernel": k, "count": int(n)} for k, n in queued["work"].astype(str).value_counts().head(5).items()
+            ],
             "gpu_state": verdict,
             "gpu": gpu,
             "gpu_busy_pct": None if busy is None else round(100 * busy, 1),

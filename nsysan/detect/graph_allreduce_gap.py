@@ -101,14 +101,21 @@ def _baselines(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
     eager_ar = ops[ops["is_ar"] & ops["graph_node_id"].isna()]
     cols = ["export", "pid", "device"]
     if eager_ar.empty:
-        return pd.DataFrame(columns=["median", "device_bound", "host_bound"], index=pd.MultiIndex.from_tuples([], names=cols))
+        return pd.DataFrame(
+            columns=["median", "device_bound", "host_bound"], index=pd.MultiIndex.from_tuples([], names=cols)
+        )
     pairs = _producers(ops, eager_ar, cols)
     calls = trace.launch_calls(pairs[["export", "pid", "correlation_id"]].dropna())
     calls = calls.groupby(["export", "pid", "correlation_id"], as_index=False)["end_ns"].max()
-    pairs = pairs.merge(calls.rename(columns={"end_ns": "launch_end"}), on=["export", "pid", "correlation_id"], how="left")
+    pairs = pairs.merge(
+        calls.rename(columns={"end_ns": "launch_end"}), on=["export", "pid", "correlation_id"], how="left"
+    )
     bound = pairs["launch_end"].notna() & (pairs["launch_end"] < pairs["producer_end"])
-    out = pairs.assign(device_bound=bound, host_bound=~bound).groupby(cols).agg(
-        device_bound=("device_bound", "sum"), host_bound=("host_bound", "sum"))
+    out = (
+        pairs.assign(device_bound=bound, host_bound=~bound)
+        .groupby(cols)
+        .agg(device_bound=("device_bound", "sum"), host_bound=("host_bound", "sum"))
+    )
     out["median"] = pairs[bound].groupby(cols)["gap_ns"].median()
     return out
 
@@ -174,7 +181,9 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     if hits.empty:
         return grade(graded, p)
     events = _event_nodes(trace, rep)
-    calls = trace.launch_calls(hits[["export", "pid", "replay"]].drop_duplicates().rename(columns={"replay": "correlation_id"}))
+    calls = trace.launch_calls(
+        hits[["export", "pid", "replay"]].drop_duplicates().rename(columns={"replay": "correlation_id"})
+    )
     for (export, pid, device, graph), g in hits.groupby(["export", "pid", "device", "graph"]):
         run = int(runs.get(export, 0))
         f = _finding(trace, g, rep, base, events.get((export, pid, device, graph)), calls, p, run)
@@ -182,8 +191,16 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     return grade(graded, p)
 
 
-def _finding(trace: Trace, g: pd.DataFrame, rep: pd.DataFrame, base: pd.DataFrame, nodes: pd.DataFrame | None,
-             calls: pd.DataFrame, p: Params, run: int) -> Finding:
+def _finding(
+    trace: Trace,
+    g: pd.DataFrame,
+    rep: pd.DataFrame,
+    base: pd.DataFrame,
+    nodes: pd.DataFrame | None,
+    calls: pd.DataFrame,
+    p: Params,
+    run: int,
+) -> Finding:
     """One region's finding from its delayed (replay, all-reduce) pairs ``g``."""
     export, pid, device, graph = (int(g[c].iloc[0]) for c in ("export", "pid", "device", "graph"))
     impact = int(round(float(g["excess"].sum())))
@@ -205,8 +222,10 @@ def _finding(trace: Trace, g: pd.DataFrame, rep: pd.DataFrame, base: pd.DataFram
     return Finding(
         kind=KIND,
         severity=Severity.INFO,
-        title=(f"All-reduce waits {median_gap / 1e3:.0f} us after its producer in {len(replays)} CUDA graph replays "
-               f"(eager baseline {baseline / 1e3:.0f} us)"),  # fmt: skip
+        title=(
+            f"All-reduce waits {median_gap / 1e3:.0f} us after its producer in {len(replays)} CUDA graph replays "
+            f"(eager baseline {baseline / 1e3:.0f} us)"
+        ),  # fmt: skip
         advice=(
             "Set NCCL_GRAPH_MIXING_SUPPORT=0 to drop the event-record/stream-wait nodes NCCL adds so that captured "
             "and uncaptured NCCL work can be outstanding together. Trade-off: with it off, a communicator must not "
@@ -264,7 +283,10 @@ def _graph_mode(trace: Trace, skip: set[tuple[int, int]]) -> list[tuple[Finding,
             rank=int(rank.iloc[0]) if len(rank) else None,
             device=int(g["device"].dropna().iloc[0]) if g["device"].notna().any() else None,
             pid=int(pid),
-            evidence={"graph_launches": len(g), "graph_ids": sorted(int(i) for i in g["graph_id"].dropna().unique())[:10]},
+            evidence={
+                "graph_launches": len(g),
+                "graph_ids": sorted(int(i) for i in g["graph_id"].dropna().unique())[:10],
+            },
         )
         out.append((f, int(export)))
     return out

@@ -56,7 +56,9 @@ class Params(SeverityParams):
     match_tolerance_share: float = param(0.02, "... or within this share of the op's duration")
     min_iterations: int = param(2, "iterations whose ends must all agree to infer participants without payloads")
     queue_tolerance_ns: int = param(20_000, "B counts as queued behind A if it started within this after A ended")
-    max_candidates: int = param(64, "nearest NCCL ops (by end time) examined as participants of each op (at least 2 x ranks)")
+    max_candidates: int = param(
+        64, "nearest NCCL ops (by end time) examined as participants of each op (at least 2 x ranks)"
+    )
 
 
 def _ops(trace: Trace) -> pd.DataFrame:
@@ -68,7 +70,8 @@ def _ops(trace: Trace) -> pd.DataFrame:
                      a_end=ops["end_ns"] + offset, p2p=ops["nccl_kind"].astype(object).eq("p2p"))  # fmt: skip
     calls = trace.launch_calls(ops)[["export", "pid", "correlation_id", "start_ns", "end_ns", "tid"]]
     calls = calls.drop_duplicates(["export", "pid", "correlation_id"]).rename(
-        columns={"start_ns": "launch_ns", "end_ns": "launched_ns"})
+        columns={"start_ns": "launch_ns", "end_ns": "launched_ns"}
+    )
     ops = ops.merge(calls, on=["export", "pid", "correlation_id"], how="left")
     ops["iteration"] = nccl_participants.iterations(trace, ops)
     ready = device_ready(trace, ops)
@@ -146,7 +149,8 @@ def _predecessor(ops: pd.DataFrame) -> pd.Series:
         order = known.sort_values([*keys, "start_ns"], kind="stable")
         before = idx.loc[order.index].groupby([order[k] for k in keys], sort=False).shift(1).dropna().astype("int64")
         better = ops["end_ns"].to_numpy()[before.to_numpy()] > np.where(
-            prev.loc[before.index] >= 0, ops["end_ns"].to_numpy()[prev.loc[before.index].clip(lower=0)], -np.inf)
+            prev.loc[before.index] >= 0, ops["end_ns"].to_numpy()[prev.loc[before.index].clip(lower=0)], -np.inf
+        )
         prev.loc[before.index[better]] = before[better].to_numpy()
     return prev
 
@@ -215,8 +219,10 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
         finding = Finding(
             kind=KIND,
             severity=Severity.INFO,
-            title=(f"{b['short_name']} on rank {int(b['rank'])} waited {lost / 1e3:.0f} us behind "
-                   f"{prev['short_name']}, which was waiting for late rank {late}"),  # fmt: skip
+            title=(
+                f"{b['short_name']} on rank {int(b['rank'])} waited {lost / 1e3:.0f} us behind "
+                f"{prev['short_name']}, which was waiting for late rank {late}"
+            ),  # fmt: skip
             advice=(
                 f"NCCL runs a stream's (and a communicator's) operations in order, so the op queued behind the one "
                 f"waiting for rank {late} waited too, although it and its peers were ready. Put operations with "
@@ -234,13 +240,21 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
             group=f"{KIND}|rank {int(b['rank'])}|stream {int(b['stream'])}|late rank {late}",
             evidence={
                 "stream": int(b["stream"]),
-                "blocked_op": {"kernel": str(b["short_name"]), "correlation_id": _int(b["correlation_id"]),
-                               "ready_ns": int(b["ready"]) - off, "start_ns": int(b["start_ns"]),
-                               "participants": participants},
+                "blocked_op": {
+                    "kernel": str(b["short_name"]),
+                    "correlation_id": _int(b["correlation_id"]),
+                    "ready_ns": int(b["ready"]) - off,
+                    "start_ns": int(b["start_ns"]),
+                    "participants": participants,
+                },
                 "readiness": readiness,
-                "blocking_op": {"kernel": str(prev["short_name"]), "correlation_id": _int(prev["correlation_id"]),
-                                "start_ns": int(prev["start_ns"]), "end_ns": int(prev["end_ns"]),
-                                "waited_for_peer_ns": int(a_wait[i])},
+                "blocking_op": {
+                    "kernel": str(prev["short_name"]),
+                    "correlation_id": _int(prev["correlation_id"]),
+                    "start_ns": int(prev["start_ns"]),
+                    "end_ns": int(prev["end_ns"]),
+                    "waited_for_peer_ns": int(a_wait[i]),
+                },
                 "late_rank": late,
                 "participants_from": method,
                 "share_of_run": share_text(lost, run),

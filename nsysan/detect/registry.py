@@ -34,7 +34,9 @@ def param(default: float, help: str) -> Any:  # noqa: A002 - mirrors argparse's 
     return dataclasses.field(default=default, metadata={"help": help})
 
 
-def register(kind: str, params: type) -> Callable[[Callable[[Trace, Any], list[Finding]]], Callable[[Trace, Any], list[Finding]]]:
+def register(
+    kind: str, params: type
+) -> Callable[[Callable[[Trace, Any], list[Finding]]], Callable[[Trace, Any], list[Finding]]]:
     """Decorator: run ``detector(trace, params)`` in every report as finding kind ``kind``."""
 
     def add(detector: Callable[[Trace, Any], list[Finding]]) -> Callable[[Trace, Any], list[Finding]]:
@@ -76,7 +78,5 @@ def parse_settings(items: Iterable[str]) -> dict[str, dict[str, float]]:
 def run_detectors(trace: Trace, settings: dict[str, dict[str, float]] | None = None) -> list[Finding]:
     """Every registered detector's findings, worst first."""
     settings = settings or {}
-    findings = [
-        f for spec in _REGISTRY.values() for f in spec.run(trace, spec.params(**settings.get(spec.kind, {})))
-    ]
+    findings = [f for spec in _REGISTRY.values() for f in spec.run(trace, spec.params(**settings.get(spec.kind, {})))]
     return sorted(findings, key=lambda f: (-f.severity.rank, -f.impact_ns, f.start_ns))

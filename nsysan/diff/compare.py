@@ -95,8 +95,13 @@ def _steps(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
         "source": {"before": b["steps"]["source"], "after": a["steps"]["source"]},
         "detail": {"before": b["steps"]["detail"], "after": a["steps"]["detail"]},
         "per_rank": rows,
-        "slowest": {"rank_before": rb, "rank_after": ra, **change,
-                    "confidence": _direction(worse, change["delta"]), "confidence_worse": worse},  # fmt: skip
+        "slowest": {
+            "rank_before": rb,
+            "rank_after": ra,
+            **change,
+            "confidence": _direction(worse, change["delta"]),
+            "confidence_worse": worse,
+        },  # fmt: skip
     }
 
 
@@ -140,11 +145,17 @@ def _kernels(b: dict[str, Any], a: dict[str, Any], top: int) -> dict[str, Any]:
     for r in rows:
         r["short_name"], r["shape"], r["nccl"] = names[r["signature"]]
         # per call: in captures of equal length a slower job runs fewer calls, so totals alone mislead
-        r["mean_ns"] = _delta(*(r["total_ns"][s] / r["count"][s] if r["count"][s] else None for s in ("before", "after")))
+        r["mean_ns"] = _delta(
+            *(r["total_ns"][s] / r["count"][s] if r["count"][s] else None for s in ("before", "after"))
+        )
     both = [r for r in rows if r["count"]["before"] and r["count"]["after"]]
     return {
-        "regressions": sorted([r for r in both if r["total_ns"]["delta"] > 0], key=lambda r: -r["total_ns"]["delta"])[:top],
-        "improvements": sorted([r for r in both if r["total_ns"]["delta"] < 0], key=lambda r: r["total_ns"]["delta"])[:top],
+        "regressions": sorted([r for r in both if r["total_ns"]["delta"] > 0], key=lambda r: -r["total_ns"]["delta"])[
+            :top
+        ],
+        "improvements": sorted([r for r in both if r["total_ns"]["delta"] < 0], key=lambda r: r["total_ns"]["delta"])[
+            :top
+        ],
         "appeared": [r for r in rows if not r["count"]["before"]][:top],
         "vanished": [r for r in rows if not r["count"]["after"]][:top],
         "appeared_total": sum(1 for r in rows if not r["count"]["before"]),
@@ -222,12 +233,22 @@ def _capture(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
     from ``manifest.json`` when given, else from what the exports recorded."""
     cb, ca = b["profile"]["capture"], a["profile"]["capture"]
     mb, ma = b.get("capture") or {}, a.get("capture") or {}
-    env = lambda m, c: {k: v for k, v in (m.get("environment") or c["environment"]).items()  # noqa: E731
-                        if k.startswith(("NCCL_", "CUDA_", "TORCH_"))}
+    env = lambda m, c: {
+        k: v
+        for k, v in (m.get("environment") or c["environment"]).items()  # noqa: E731
+        if k.startswith(("NCCL_", "CUDA_", "TORCH_"))
+    }
     cmd = lambda m, c: m.get("command") or c["command"]  # noqa: E731
-    opts = lambda m, c: ({"argv": " ".join(m["nsys_argv"][2:len(m["nsys_argv"]) - len(m.get("command") or [])])}  # noqa: E731
-                         if m.get("nsys_argv") else c["options"])
-    command = [] if cmd(mb, cb) == cmd(ma, ca) else [{"name": "command", "before": _join(cmd(mb, cb)), "after": _join(cmd(ma, ca))}]
+    opts = lambda m, c: (
+        {"argv": " ".join(m["nsys_argv"][2 : len(m["nsys_argv"]) - len(m.get("command") or [])])}  # noqa: E731
+        if m.get("nsys_argv")
+        else c["options"]
+    )
+    command = (
+        []
+        if cmd(mb, cb) == cmd(ma, ca)
+        else [{"name": "command", "before": _join(cmd(mb, cb)), "after": _join(cmd(ma, ca))}]
+    )
     return {"command": command, "environment": _changed(env(mb, cb), env(ma, ca)), "nsys_options": _changed(opts(mb, cb), opts(ma, ca)),
             "status": {"before": mb.get("status"), "after": ma.get("status")}}  # fmt: skip
 
@@ -263,10 +284,14 @@ def comparability(b: dict[str, Any], a: dict[str, Any]) -> tuple[list[str], list
     if vb and va and vb != va:
         reasons.append(f"nsys versions differ: {', '.join(vb)} before, {', '.join(va)} after")
     if "process order" in pb.get("rank_sources", []) + pa.get("rank_sources", []) and len(pb["ranks"]) > 1:
-        notes.append("ranks were guessed from process order: per-rank rows pair processes by their order, not by a recorded rank")
+        notes.append(
+            "ranks were guessed from process order: per-rank rows pair processes by their order, not by a recorded rank"
+        )
     sb, sa = pb["steps"]["source"], pa["steps"]["source"]
     if sb != sa:
-        notes.append(f"steps found differently: {sb or 'none'} before, {sa or 'none'} after; step times may not compare")
+        notes.append(
+            f"steps found differently: {sb or 'none'} before, {sa or 'none'} after; step times may not compare"
+        )
     elif sb == "kernel sequence" and pb["steps"]["detail"] != pa["steps"]["detail"]:
         notes.append("the repeating kernel sequence differs between the two; step times may not compare")
     for label, d in (("before", b), ("after", a)):
@@ -323,9 +348,11 @@ def metric_change(diff: dict[str, Any], before: dict[str, Any], after: dict[str,
     if metric == "step":
         s = diff["steps"]["slowest"]
         if s["before"] is None or s["after"] is None:
-            raise InputError("--metric step: no step time in "
-                             + " and ".join(l for l, p in (("before", pb), ("after", pa)) if not p["steps"]["per_rank"])
-                             + " (name NVTX ranges `step N` or give --step-pattern; or gate on --metric busy|nccl)")
+            raise InputError(
+                "--metric step: no step time in "
+                + " and ".join(l for l, p in (("before", pb), ("after", pa)) if not p["steps"]["per_rank"])
+                + " (name NVTX ranges `step N` or give --step-pattern; or gate on --metric busy|nccl)"
+            )
         return {"metric": "step", "unit": "ns", "before": s["before"], "after": s["after"], "worse_pct": s["pct"],
                 "confidence_worse": s["confidence_worse"]}  # fmt: skip
     if metric == "busy":
@@ -348,7 +375,9 @@ def metric_change(diff: dict[str, Any], before: dict[str, Any], after: dict[str,
                 "worse_pct": _pct(vb, va), "confidence_worse": worse}  # fmt: skip
     if metric.startswith("kernel:") and metric[7:]:
         name = metric[7:]
-        pick = lambda p: [k for k in p["kernels"] if name in (k["short_name"], k["signature"]) or name in k["signature"]]  # noqa: E731
+        pick = lambda p: [
+            k for k in p["kernels"] if name in (k["short_name"], k["signature"]) or name in k["signature"]
+        ]  # noqa: E731
         kb, ka = pick(pb), pick(pa)
         if not kb and not ka:
             raise InputError(f"--metric {metric}: no kernel named {name!r} in either capture")
@@ -385,7 +414,11 @@ def gate(diff: dict[str, Any], before: dict[str, Any], after: dict[str, Any], *,
         m["noise_judged"] = m["confidence_worse"] is not None
         out["regression"] = m
         if m["worse_pct"] is not None and m["worse_pct"] > threshold and beyond_noise:
-            conf = f", confidence {_percent(m['confidence_worse'])}" if m["noise_judged"] else ", no per-step samples to judge noise"
+            conf = (
+                f", confidence {_percent(m['confidence_worse'])}"
+                if m["noise_judged"]
+                else ", no per-step samples to judge noise"
+            )
             out["reasons"].append(f"{m['metric']} worse by {m['worse_pct']:.1f}% (threshold {threshold:g}%{conf})")
     if fail_on is not None:
         f = diff["findings"]
@@ -394,7 +427,9 @@ def gate(diff: dict[str, Any], before: dict[str, Any], after: dict[str, Any], *,
         else:
             level = Severity(fail_on).rank
             hits = [g for g in f["new"] if Severity(g["severity"]).rank >= level]
-            hits += [g for g in f["unchanged"] if Severity(g["severity"]).rank >= level > Severity(g["severity_before"]).rank]
+            hits += [
+                g for g in f["unchanged"] if Severity(g["severity"]).rank >= level > Severity(g["severity_before"]).rank
+            ]
         out["fail_on"] = fail_on
         if hits:
             out["reasons"].append(f"{len(hits)} new or worsened finding group(s) at --fail-on {fail_on}")

@@ -51,7 +51,9 @@ def read_manifest(path: str | Path) -> dict[str, Any] | None:
         "expected_ranks": expected_ranks(m),
     }  # fmt: skip
     if status in NO_EXPORT:
-        raise InputError(f"{directory}: the capture {status} (exit code {m.get('exit_code')}): no export to report on; see {file}")
+        raise InputError(
+            f"{directory}: the capture {status} (exit code {m.get('exit_code')}): no export to report on; see {file}"
+        )
     return info
 
 
@@ -60,7 +62,9 @@ def capture_notes(info: dict[str, Any], ranks_found: int) -> list[str]:
     notes = []
     status, code = info["status"], info.get("exit_code")
     if status == "running":
-        notes.append("The capture never finished (manifest status `running`: nsysan was killed?): the report covers a partial run.")
+        notes.append(
+            "The capture never finished (manifest status `running`: nsysan was killed?): the report covers a partial run."
+        )
     elif status != "ok":
         notes.append(f"The capture {status} (exit code {code}): the report covers a partial run, not a clean one.")
     expected = info.get("expected_ranks")

@@ -46,10 +46,14 @@ def _kernels(trace: Trace) -> pd.DataFrame:
     if k.empty:
         return k.assign(signature=pd.Series(dtype=object), shape=pd.Series(dtype=object))
     name = k["name"].astype(object).fillna(k["short_name"].astype(object)).astype(str)
-    keys = pd.DataFrame({"name": name, "grid": k["grid"].fillna(0).astype("int64"), "block": k["block"].fillna(0).astype("int64")})
+    keys = pd.DataFrame(
+        {"name": name, "grid": k["grid"].fillna(0).astype("int64"), "block": k["block"].fillna(0).astype("int64")}
+    )
     codes = keys.groupby(["name", "grid", "block"], sort=False).ngroup().to_numpy()
     first = keys.drop_duplicates()
-    shapes = np.array([f"grid {_grid(g)} block {_block(b)}" for g, b in zip(first["grid"], first["block"])], dtype=object)
+    shapes = np.array(
+        [f"grid {_grid(g)} block {_block(b)}" for g, b in zip(first["grid"], first["block"])], dtype=object
+    )
     labels = first["name"].to_numpy(dtype=object) + " | " + shapes
     return k.assign(signature=pd.Categorical.from_codes(codes, categories=pd.Index(labels)), shape=shapes[codes])
 
@@ -68,7 +72,9 @@ def kernel_table(k: pd.DataFrame) -> list[dict[str, Any]]:
     g["signature"] = g["signature"].astype(str)
     return [
         {"signature": s, "short_name": n, "shape": sh, "nccl": bool(c), "count": int(cnt), "total_ns": int(t)}
-        for s, n, sh, c, cnt, t in zip(g["signature"], g["short_name"], g["shape"], g["nccl"], g["count"], g["total_ns"])
+        for s, n, sh, c, cnt, t in zip(
+            g["signature"], g["short_name"], g["shape"], g["nccl"], g["count"], g["total_ns"]
+        )
     ]
 
 
@@ -140,8 +146,10 @@ def _sequence_steps(k: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
             continue
         rows.append(pd.DataFrame({"rank": int(rank), "start_ns": starts[:-1][regular], "end_ns": starts[1:][regular]}))
         first = int(idx[0])
-        anchors.append(f"{g['short_name'].iloc[first]} ({g['shape'].iloc[first]}) "
-                       + (f"once every {p} compute kernels" if once else f"starting each period of {p} compute kernels"))
+        anchors.append(
+            f"{g['short_name'].iloc[first]} ({g['shape'].iloc[first]}) "
+            + (f"once every {p} compute kernels" if once else f"starting each period of {p} compute kernels")
+        )
     if not rows:
         return pd.DataFrame(columns=["rank", "start_ns", "end_ns"]), None
     return pd.concat(rows, ignore_index=True), "; ".join(dict.fromkeys(anchors))
@@ -167,9 +175,17 @@ def _per_step(trace: Trace, k: pd.DataFrame, steps: pd.DataFrame) -> dict[str, d
         a, ia = window(activity)
         devices = max(a["device"].nunique(), 1)
         busy = union_ns(a.assign(step=ia), ["step", "device"])
-        busy = busy.groupby(level="step").sum().reindex(range(len(s)), fill_value=0) if len(busy) else pd.Series(0, index=range(len(s)))
+        busy = (
+            busy.groupby(level="step").sum().reindex(range(len(s)), fill_value=0)
+            if len(busy)
+            else pd.Series(0, index=range(len(s)))
+        )
         n, i_n = window(nccl)
-        nccl_ns = np.bincount(i_n, weights=(n["end_ns"] - n["start_ns"]).to_numpy(), minlength=len(s)) if len(n) else np.zeros(len(s))
+        nccl_ns = (
+            np.bincount(i_n, weights=(n["end_ns"] - n["start_ns"]).to_numpy(), minlength=len(s))
+            if len(n)
+            else np.zeros(len(s))
+        )
         out[str(int(rank))] = {
             "step_ns": length.astype(float).tolist(),
             "busy_pct": (100.0 * busy.to_numpy() / np.maximum(length * devices, 1)).round(3).tolist(),
@@ -196,10 +212,16 @@ def _rank_table(trace: Trace, k: pd.DataFrame) -> list[dict[str, Any]]:
     m = trace.memcpy[trace.memcpy["rank"].notna()] if len(trace.memcpy) else trace.memcpy
     span = a.groupby("rank").agg(first=("start_ns", "min"), last=("end_ns", "max"))
     busy = union_ns(a, ["rank", "device"]).groupby(level="rank").sum().reindex(span.index, fill_value=0)
-    devices = a[["rank", "device"]].drop_duplicates().sort_values("device").groupby("rank")["device"].agg(list).to_dict()
+    devices = (
+        a[["rank", "device"]].drop_duplicates().sort_values("device").groupby("rank")["device"].agg(list).to_dict()
+    )
 
     def dur(f: pd.DataFrame) -> pd.Series:
-        return (f["end_ns"] - f["start_ns"]).groupby(f["rank"].astype("int64")).sum() if len(f) else pd.Series(dtype="int64")
+        return (
+            (f["end_ns"] - f["start_ns"]).groupby(f["rank"].astype("int64")).sum()
+            if len(f)
+            else pd.Series(dtype="int64")
+        )
 
     nccl = k[k["nccl_kind"].notna()] if len(k) else k
     t = pd.DataFrame({"span_ns": span["last"] - span["first"], "busy_ns": busy, "kernel_ns": dur(k),
@@ -214,10 +236,16 @@ def _nccl_table(trace: Trace, k: pd.DataFrame) -> list[dict[str, Any]]:
     nccl = k[k["nccl_kind"].notna()] if len(k) else k
     if nccl.empty:
         return []
-    sized = attach_nccl_bytes(trace.kernel_columns(("pid", "correlation_id", "start_ns", "end_ns", "short_name")).loc[nccl.index], trace)
+    sized = attach_nccl_bytes(
+        trace.kernel_columns(("pid", "correlation_id", "start_ns", "end_ns", "short_name")).loc[nccl.index], trace
+    )
     size = sized["nccl_bytes"].astype("Int64").astype(object).where(sized["nccl_bytes"].notna(), "unknown")
     d = sized.assign(dur=sized["end_ns"] - sized["start_ns"], bytes=size.astype(str))
-    g = d.groupby(["nccl_kind", "nccl_op", "bytes"], observed=True).agg(count=("dur", "size"), total_ns=("dur", "sum")).reset_index()
+    g = (
+        d.groupby(["nccl_kind", "nccl_op", "bytes"], observed=True)
+        .agg(count=("dur", "size"), total_ns=("dur", "sum"))
+        .reset_index()
+    )
     return [{"kind": str(a), "op": str(o), "bytes": b, "count": int(c), "total_ns": int(t)}
             for a, o, b, c, t in zip(g["nccl_kind"], g["nccl_op"], g["bytes"], g["count"], g["total_ns"])]  # fmt: skip
 
@@ -284,7 +312,9 @@ def build_profile(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN,
     return {
         "version": PROFILE_VERSION,
         "ranks": sorted(int(r) for r in ranks["rank"].dropna().unique()),
-        "rank_sources": sorted(str(x) for x in ranks["rank_source"].dropna().unique()) if "rank_source" in ranks else [],
+        "rank_sources": sorted(str(x) for x in ranks["rank_source"].dropna().unique())
+        if "rank_source" in ranks
+        else [],
         "devices": sorted(int(d) for d in pd.concat([k["device"], m["device"]]).dropna().unique()),
         "capture": _capture(trace),
         "steps": {"source": source, "detail": detail, "per_rank": _per_step(trace, k, steps) if len(steps) else {}},

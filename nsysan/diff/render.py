@@ -96,11 +96,19 @@ def sections(doc: dict[str, Any]) -> list[Table]:
                       for r in doc["copies"]], empty="no copies"))  # fmt: skip
     k = doc["kernels"]
     kernel_headers = ("kernel", "grid / block", "count", "total before", "total after", "Δ", "Δ %", "mean per call")
-    krow = lambda r: (r["short_name"], r["shape"].replace("grid ", "").replace(" block ", " / "),  # noqa: E731
-                      f"{_num(r['count']['before'], '')} → {_num(r['count']['after'], '')}", *_cells(r["total_ns"], "ns"),
-                      change(r["mean_ns"]) if r["mean_ns"]["before"] and r["mean_ns"]["after"] else "-")
-    out.append(Table("Kernel regressions (by total time)", kernel_headers, [krow(r) for r in k["regressions"]], empty="none"))
-    out.append(Table("Kernel improvements (by total time)", kernel_headers, [krow(r) for r in k["improvements"]], empty="none"))
+    krow = lambda r: (
+        r["short_name"],
+        r["shape"].replace("grid ", "").replace(" block ", " / "),  # noqa: E731
+        f"{_num(r['count']['before'], '')} → {_num(r['count']['after'], '')}",
+        *_cells(r["total_ns"], "ns"),
+        change(r["mean_ns"]) if r["mean_ns"]["before"] and r["mean_ns"]["after"] else "-",
+    )
+    out.append(
+        Table("Kernel regressions (by total time)", kernel_headers, [krow(r) for r in k["regressions"]], empty="none")
+    )
+    out.append(
+        Table("Kernel improvements (by total time)", kernel_headers, [krow(r) for r in k["improvements"]], empty="none")
+    )
     out.append(Table(f"Kernels that appeared ({k['appeared_total']}) or vanished ({k['vanished_total']})", ("", *kernel_headers),
                      [("appeared", *krow(r)) for r in k["appeared"]] + [("vanished", *krow(r)) for r in k["vanished"]],
                      empty="the same kernel signatures ran in both"))  # fmt: skip

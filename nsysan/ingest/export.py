@@ -75,9 +75,7 @@ def _check_sqlite_file(path: Path) -> None:
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
     if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
-        raise InputError(
-            f"{path}: not an SQLite file; nsysan reads the output of `nsys export --type sqlite`"
-        )
+        raise InputError(f"{path}: not an SQLite file; nsysan reads the output of `nsys export --type sqlite`")
     page_size = struct.unpack(">H", header[16:18])[0]
     page_size = 65536 if page_size == 1 else page_size
     change_counter, page_count = struct.unpack(">II", header[24:32])
@@ -89,8 +87,7 @@ def _check_sqlite_file(path: Path) -> None:
         actual = path.stat().st_size
         if actual < expected:
             raise CorruptExportError(
-                f"{path}: truncated SQLite file ({actual} of {expected} bytes); "
-                "copy or export it again"
+                f"{path}: truncated SQLite file ({actual} of {expected} bytes); copy or export it again"
             )
 
 
@@ -152,10 +149,7 @@ class NsysExport:
         try:
             conn = self._connection()
             names = [
-                row[0]
-                for row in conn.exec_driver_sql(
-                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
-                )
+                row[0] for row in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
             ]
             catalogue: dict[str, tuple[str, ...]] = {}
             for name in names:

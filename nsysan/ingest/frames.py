@@ -571,8 +571,12 @@ def read_sync(x: NsysExport) -> pd.DataFrame:
     df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
     df["pid"] = decode_pid(df["pid"])
     # CUPTI's values, for exports without the enum table (stable since CUPTI 9)
-    df["sync_type"] = _label_enum(x, "ENUM_CUPTI_SYNC_TYPE", df["sync_type"],
-                                  {1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"})
+    df["sync_type"] = _label_enum(
+        x,
+        "ENUM_CUPTI_SYNC_TYPE",
+        df["sync_type"],
+        {1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"},
+    )
     return df
 
 

@@ -135,4 +135,3 @@ def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
     for column in ("rank", "local_rank", "world_size"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
     return df.astype({"export": "int64", "pid": "int64"})
-

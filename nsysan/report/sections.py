@@ -30,40 +30,113 @@ def tables(doc: dict[str, Any]) -> list[Table]:
     s = doc["summary"]
     c = fmt.cell
     return [
-        _table("Exports", s["exports"], [
-            ("file", "path", lambda v: PurePath(v).name), ("nsys", "nsys_version", c), ("schema", "schema_version", c),
-            ("ranks", "ranks", fmt.ranks), ("devices", "devices", fmt.ranks), ("kernels", "kernels", c),
-            ("NCCL kernels", "nccl_kernels", c), ("memcpy", "memcpy", c), ("peer copies", "peer_copies", c),
-            ("NVTX ranges", "nvtx_ranges", c),
-        ]),
-        _table("Ranks", s["ranks"], [
-            ("rank", "rank", c), ("export", "export", c), ("pid", "pid", c), ("process", "process", c),
-            ("local rank", "local_rank", c), ("world size", "world_size", c), ("identified by", "rank_source", c),
-        ], empty="no process launched CUDA work or wrote NVTX"),
-        _table("GPU busy time per device", s["devices"], [
-            ("export", "export", c), ("device", "device", c), ("ranks", "ranks", c), ("kernels", "kernels", c),
-            ("kernel time", "kernel_ns", fmt.duration), ("busy", "busy_ns", fmt.duration),
-            ("span", "span_ns", fmt.duration), ("busy %", "busy_pct", fmt.percent),
-        ], empty="no GPU activity recorded"),
-        _table("Top kernels by total time", s["top_kernels"], [
-            ("kernel", "kernel", c), ("NCCL", "nccl", lambda v: "yes" if v else ""), ("count", "count", c),
-            ("total", "total_ns", fmt.duration), ("mean", "mean_ns", fmt.duration), ("% of kernel time", "pct", fmt.percent),
-        ], empty="no kernels"),
-        _table("NCCL time by operation and size", s["nccl"], [
-            ("kind", "kind", c), ("operation", "op", c), ("message size", "bytes", fmt.size), ("count", "count", c),
-            ("total", "total_ns", fmt.duration), ("mean", "mean_ns", fmt.duration),
-        ], empty="no NCCL kernels"),
-        _table("Memory copies", s["copies"], [
-            ("kind", "copy_kind", c), ("count", "count", c), ("bytes", "bytes", fmt.size), ("total", "total_ns", fmt.duration),
-        ], empty="no copies"),
-        _table("Transport transfers (nsysan P2P)", s.get("transfers", []), [
-            ("transfer", "transfer", c), ("ranks", "ranks", c), ("count", "count", c), ("bytes", "bytes", fmt.size),
-            ("total", "total_ns", fmt.duration), ("mean", "mean_ns", fmt.duration),
-        ], empty="none in this capture"),
-        _table("NVTX ranges by total time", s["nvtx_ranges"], [
-            ("domain", "domain", c), ("range", "range", c), ("count", "count", c),
-            ("total", "total_ns", fmt.duration), ("mean", "mean_ns", fmt.duration),
-        ], empty="no NVTX ranges"),
+        _table(
+            "Exports",
+            s["exports"],
+            [
+                ("file", "path", lambda v: PurePath(v).name),
+                ("nsys", "nsys_version", c),
+                ("schema", "schema_version", c),
+                ("ranks", "ranks", fmt.ranks),
+                ("devices", "devices", fmt.ranks),
+                ("kernels", "kernels", c),
+                ("NCCL kernels", "nccl_kernels", c),
+                ("memcpy", "memcpy", c),
+                ("peer copies", "peer_copies", c),
+                ("NVTX ranges", "nvtx_ranges", c),
+            ],
+        ),
+        _table(
+            "Ranks",
+            s["ranks"],
+            [
+                ("rank", "rank", c),
+                ("export", "export", c),
+                ("pid", "pid", c),
+                ("process", "process", c),
+                ("local rank", "local_rank", c),
+                ("world size", "world_size", c),
+                ("identified by", "rank_source", c),
+            ],
+            empty="no process launched CUDA work or wrote NVTX",
+        ),
+        _table(
+            "GPU busy time per device",
+            s["devices"],
+            [
+                ("export", "export", c),
+                ("device", "device", c),
+                ("ranks", "ranks", c),
+                ("kernels", "kernels", c),
+                ("kernel time", "kernel_ns", fmt.duration),
+                ("busy", "busy_ns", fmt.duration),
+                ("span", "span_ns", fmt.duration),
+                ("busy %", "busy_pct", fmt.percent),
+            ],
+            empty="no GPU activity recorded",
+        ),
+        _table(
+            "Top kernels by total time",
+            s["top_kernels"],
+            [
+                ("kernel", "kernel", c),
+                ("NCCL", "nccl", lambda v: "yes" if v else ""),
+                ("count", "count", c),
+                ("total", "total_ns", fmt.duration),
+                ("mean", "mean_ns", fmt.duration),
+                ("% of kernel time", "pct", fmt.percent),
+            ],
+            empty="no kernels",
+        ),
+        _table(
+            "NCCL time by operation and size",
+            s["nccl"],
+            [
+                ("kind", "kind", c),
+                ("operation", "op", c),
+                ("message size", "bytes", fmt.size),
+                ("count", "count", c),
+                ("total", "total_ns", fmt.duration),
+                ("mean", "mean_ns", fmt.duration),
+            ],
+            empty="no NCCL kernels",
+        ),
+        _table(
+            "Memory copies",
+            s["copies"],
+            [
+                ("kind", "copy_kind", c),
+                ("count", "count", c),
+                ("bytes", "bytes", fmt.size),
+                ("total", "total_ns", fmt.duration),
+            ],
+            empty="no copies",
+        ),
+        _table(
+            "Transport transfers (nsysan P2P)",
+            s.get("transfers", []),
+            [
+                ("transfer", "transfer", c),
+                ("ranks", "ranks", c),
+                ("count", "count", c),
+                ("bytes", "bytes", fmt.size),
+                ("total", "total_ns", fmt.duration),
+                ("mean", "mean_ns", fmt.duration),
+            ],
+            empty="none in this capture",
+        ),
+        _table(
+            "NVTX ranges by total time",
+            s["nvtx_ranges"],
+            [
+                ("domain", "domain", c),
+                ("range", "range", c),
+                ("count", "count", c),
+                ("total", "total_ns", fmt.duration),
+                ("mean", "mean_ns", fmt.duration),
+            ],
+            empty="no NVTX ranges",
+        ),
     ]
 
 
@@ -77,17 +150,17 @@ def _value(value: Any) -> str:
 
 def finding_lines(finding: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, text) pairs describing one finding; evidence keys get a line each."""
-    where = ", ".join(
-        f"{k} {finding[k]}" for k in ("rank", "device", "pid") if finding.get(k) is not None
-    )
+    where = ", ".join(f"{k} {finding[k]}" for k in ("rank", "device", "pid") if finding.get(k) is not None)
     start, end = finding["start_ns"], finding["end_ns"]
     lines = [
         ("where", where or "-"),
         ("when", f"{fmt.timestamp(start)} to {fmt.timestamp(end)} ({fmt.duration(end - start)}, the export's clock)"),
         ("impact", fmt.duration(finding["impact_ns"])),
     ]
-    lines += [(f"evidence.{k}", fmt.share_of_run(v) if k == "share_of_run" else _value(v))
-              for k, v in finding.get("evidence", {}).items()]
+    lines += [
+        (f"evidence.{k}", fmt.share_of_run(v) if k == "share_of_run" else _value(v))
+        for k, v in finding.get("evidence", {}).items()
+    ]
     lines.append(("fix", finding["advice"]))
     return lines
 
@@ -117,8 +190,10 @@ def other_occurrences(doc: dict[str, Any], group: dict[str, Any], limit: int = 1
     lines = []
     for i in rest[:limit]:
         f = doc["findings"][i]
-        lines.append(f"{fmt.timestamp(f['start_ns'])} to {fmt.timestamp(f['end_ns'])}: {fmt.duration(f['impact_ns'])}"
-                     + (f" (rank {f['rank']})" if f.get("rank") is not None else ""))
+        lines.append(
+            f"{fmt.timestamp(f['start_ns'])} to {fmt.timestamp(f['end_ns'])}: {fmt.duration(f['impact_ns'])}"
+            + (f" (rank {f['rank']})" if f.get("rank") is not None else "")
+        )
     if len(rest) > limit:
         lines.append(f"... and {len(rest) - limit} more (all in --format json)")
     return lines

@@ -79,7 +79,9 @@ class ReviewStore:
             dialect = shown.split(":", 1)[0].split("+", 1)[0]
             extra = _DRIVER_EXTRAS.get(dialect)
             fix = f'pip install "nsysan[{extra}]"' if extra else f"install the {exc.name or 'database'} driver"
-            raise StoreUnavailable(f"{shown}: its database driver is not installed ({exc.name or exc}); {fix}") from None
+            raise StoreUnavailable(
+                f"{shown}: its database driver is not installed ({exc.name or exc}); {fix}"
+            ) from None
         except (sa.exc.ArgumentError, ValueError) as exc:
             # a parse error's text repeats the URL, password included: only a missing dialect is named
             why = f" ({exc})" if isinstance(exc, sa.exc.NoSuchModuleError) else ""
@@ -110,7 +112,9 @@ class ReviewStore:
                 # statement it also opens the transaction on SQLite (pysqlite begins one only before DML),
                 # so the DDL after it commits or rolls back with it.
                 bumped = conn.execute(
-                    sa.update(Meta).where(Meta.key == "schema_version", Meta.value == str(step)).values(value=str(step + 1))
+                    sa.update(Meta)
+                    .where(Meta.key == "schema_version", Meta.value == str(step))
+                    .values(value=str(step + 1))
                 )
                 if bumped.rowcount == 1:
                     MIGRATIONS[step](conn)
@@ -210,7 +214,11 @@ class ReviewStore:
     def findings(self, trace_id: int, *, kind: str | None = None, severity: str | None = None,
                  rank: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
         query = sa.select(FindingRecord).where(FindingRecord.trace_id == trace_id)
-        for column, value in ((FindingRecord.kind, kind), (FindingRecord.severity, severity), (FindingRecord.rank, rank)):
+        for column, value in (
+            (FindingRecord.kind, kind),
+            (FindingRecord.severity, severity),
+            (FindingRecord.rank, rank),
+        ):
             if value is not None:
                 query = query.where(column == value)
         with self.session() as s:
@@ -271,7 +279,10 @@ class ReviewStore:
 
     def notes(self, trace_id: int) -> list[dict[str, Any]]:
         with self.session() as s:
-            return [_comment(n) for n in s.scalars(sa.select(NoteRecord).where(NoteRecord.trace_id == trace_id).order_by(NoteRecord.id))]
+            return [
+                _comment(n)
+                for n in s.scalars(sa.select(NoteRecord).where(NoteRecord.trace_id == trace_id).order_by(NoteRecord.id))
+            ]
 
     # -- compare --------------------------------------------------------------------------------
 
@@ -292,7 +303,9 @@ class ReviewStore:
         return Comparison(
             fixed=[g["worst"] | {"count": g["count"]} for g in f["fixed"]],
             new=[g["worst"] | {"count": g["count"]} for g in f["new"]],
-            unchanged=[g["worst"] | {"count": g["count"], "impact_before_ns": g["before"]["impact_ns"]} for g in f["unchanged"]],
+            unchanged=[
+                g["worst"] | {"count": g["count"], "impact_before_ns": g["before"]["impact_ns"]} for g in f["unchanged"]
+            ],
             step_ns_before=steps["before"],
             step_ns_after=steps["after"],
             diff=doc,
@@ -319,7 +332,9 @@ def _reason(exc: sa.exc.OperationalError, url: str) -> str:
 def _add_column(conn: sa.Connection, column: sa.Column[Any]) -> None:
     """``ALTER TABLE ... ADD COLUMN`` for a column of the current models, in the connection's dialect."""
     table = conn.dialect.identifier_preparer.format_table(column.table)
-    conn.execute(sa.DDL(f"ALTER TABLE {table} ADD COLUMN {sa.schema.CreateColumn(column).compile(dialect=conn.dialect)}"))
+    conn.execute(
+        sa.DDL(f"ALTER TABLE {table} ADD COLUMN {sa.schema.CreateColumn(column).compile(dialect=conn.dialect)}")
+    )
 
 
 MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {

@@ -29,7 +29,9 @@ def _decode(text: str) -> Any:
 
 
 class CudaIpcChannel:
-    def __init__(self, cuda: Any = None, reduce: Callable[[Any], tuple[Callable[..., Any], tuple]] | None = None) -> None:
+    def __init__(
+        self, cuda: Any = None, reduce: Callable[[Any], tuple[Callable[..., Any], tuple]] | None = None
+    ) -> None:
         if cuda is None:
             import torch
 

@@ -160,10 +160,14 @@ class P2PTransport:
         self._streams: collections.deque[_Op] = collections.deque()  # cleared to send, chunks left to stage
         self._outbox: dict[int, collections.deque[_Op]] = collections.defaultdict(collections.deque)  # not yet posted
         self._posted: dict[tuple[int, int], collections.deque[_Op]] = collections.defaultdict(collections.deque)
-        self._unexpected: dict[tuple[int, int], collections.deque[_Arrival]] = collections.defaultdict(collections.deque)
+        self._unexpected: dict[tuple[int, int], collections.deque[_Arrival]] = collections.defaultdict(
+            collections.deque
+        )
         self._active: dict[tuple[int, int], _Op] = {}  # (src, msg id) -> receive taking chunks
         self._ready: list[tuple[int, _Op, _Arrival]] = []  # matched segment/CUDA messages to copy
-        self._backlog: dict[int, collections.deque[tuple[int, dict[str, Any]]]] = collections.defaultdict(collections.deque)
+        self._backlog: dict[int, collections.deque[tuple[int, dict[str, Any]]]] = collections.defaultdict(
+            collections.deque
+        )
         self._pool: Segment | None = None
         self._pool_bytes: np.ndarray | None = None
         self._free_chunks: list[int] = []
@@ -236,7 +240,9 @@ class P2PTransport:
         deadline = time.monotonic() + self.timeout
         while int(self.store.add(key, 0)) < self.world_size:
             if time.monotonic() > deadline:
-                raise TransportTimeout(f"rank {self.rank}: not every rank mapped the others' rings in {self.timeout:g} s")
+                raise TransportTimeout(
+                    f"rank {self.rank}: not every rank mapped the others' rings in {self.timeout:g} s"
+                )
             time.sleep(0.001)
 
     # -- buffers ------------------------------------------------------------------------------
@@ -272,7 +278,9 @@ class P2PTransport:
 
     def _ensure_pool(self) -> None:
         if self._pool is None:
-            self._pool = Segment(f"{self._files}{self.rank}-pool", self.chunk_bytes * self.chunks, create=True, owner=self._who)
+            self._pool = Segment(
+                f"{self._files}{self.rank}-pool", self.chunk_bytes * self.chunks, create=True, owner=self._who
+            )
             self._pool_bytes = np.frombuffer(self._pool.map, np.uint8)
             self._free_chunks = list(range(self.chunks - 1, -1, -1))
 
@@ -395,7 +403,9 @@ class P2PTransport:
                 if idle_since is None:
                     idle_since = now
                 elif now - idle_since >= self._spin_s:
-                    futex.wait(self._bell_addr, bell, 0.002 if deadline is None else max(0.0, min(0.002, deadline - now)))
+                    futex.wait(
+                        self._bell_addr, bell, 0.002 if deadline is None else max(0.0, min(0.002, deadline - now))
+                    )
         finally:
             self._waiters -= 1
             if not self._waiters:
@@ -477,7 +487,9 @@ class P2PTransport:
             if posted:
                 payload = reader.blob(d) if kind == ring.INLINE else None
                 op = posted.popleft()
-                self._match(src, op, _Arrival(d, payload, b"" if kind == ring.INLINE else reader.blob(d).tobytes()), op.keep)
+                self._match(
+                    src, op, _Arrival(d, payload, b"" if kind == ring.INLINE else reader.blob(d).tobytes()), op.keep
+                )
                 return
             payload, blob = None, b""
             if kind == ring.INLINE:
@@ -491,7 +503,9 @@ class P2PTransport:
                 self._post(src, ring.CHUNK_ACK, a=d.a, b=d.nbytes)
             else:
                 blob = reader.blob(d).tobytes()
-            self._unexpected[(src, d.tag)].append(_Arrival(d, payload, blob, held=kind == ring.EAGER and payload is None))
+            self._unexpected[(src, d.tag)].append(
+                _Arrival(d, payload, blob, held=kind == ring.EAGER and payload is None)
+            )
         elif kind == ring.CHUNK:
             op = self._active.get((src, d.msg_id))
             if op is not None and not op.done.is_set():

@@ -98,7 +98,9 @@ class RingWriter(_Ring):
         if shape:
             struct.pack_into(f"<{len(shape)}q", self._buf, at + _SHAPE_AT, *shape)
         if blob_len:
-            self.bytes[at + _BLOB_AT : at + _BLOB_AT + blob_len] = np.frombuffer(blob, np.uint8) if isinstance(blob, bytes) else blob
+            self.bytes[at + _BLOB_AT : at + _BLOB_AT + blob_len] = (
+                np.frombuffer(blob, np.uint8) if isinstance(blob, bytes) else blob
+            )
         futex.fence()  # the slot is complete before head says so (release)
         self.head += 1
         self._head[0] = self.head

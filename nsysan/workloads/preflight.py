@@ -64,7 +64,9 @@ def check_workload(name: str, nproc: int, transport: str, *,
         raise WorkloadCannotRun(f"workload {name}: PyTorch does not import ({type(exc).__name__}: {exc})") from None
     why = "--transport nccl" if WORKLOADS[name][2] else f"workload {name}"
     if have == 0:
-        other = "use --transport gloo or p2p" if WORKLOADS[name][2] else "run pipeline, pg-scaling, overlap or redistribute"
+        other = (
+            "use --transport gloo or p2p" if WORKLOADS[name][2] else "run pipeline, pg-scaling, overlap or redistribute"
+        )
         raise WorkloadCannotRun(f"{why} needs CUDA GPUs and this machine has none that PyTorch sees: {other}")
     if have < nproc:
         raise WorkloadCannotRun(f"{why} needs one GPU per rank: --nproc {nproc}, but PyTorch sees {have}; "

@@ -24,5 +24,12 @@ for step in range(STEPS):
 dist.barrier()
 dist.destroy_process_group()
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
-    json.dump({"rank": rank, "pid": os.getpid(), "world_size": world,
-               "ranges": sorted([f"step {s}" for s in range(STEPS)] + ["all_reduce"] * STEPS)}, fh)
+    json.dump(
+        {
+            "rank": rank,
+            "pid": os.getpid(),
+            "world_size": world,
+            "ranges": sorted([f"step {s}" for s in range(STEPS)] + ["all_reduce"] * STEPS),
+        },
+        fh,
+    )
