@@ -96,7 +96,7 @@ class Score:
         self.planted += len(planted)
         self.found += len(mine)
         used: set[int] = set()
-        for t, sev in zip(planted, severities):
+        for t, sev in zip(planted, severities, strict=True):
             for i, f in enumerate(mine):
                 if i not in used and why_not(t, sev, f) is None:
                     used.add(i)

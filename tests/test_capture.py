@@ -139,7 +139,7 @@ def test_interrupting_still_leaves_a_finished_report(nsys_bin, tmp_path, how):
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
     else:
         proc.send_signal(signal.SIGTERM)  # a scheduler stopping nsysan alone
-    out, err = proc.communicate(timeout=180)
+    _out, err = proc.communicate(timeout=180)
     tmp_path = runs
     assert proc.returncode == 130, err[-2000:]
     manifest = json.loads((_only_run(tmp_path) / "manifest.json").read_text())

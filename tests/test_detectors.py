@@ -21,7 +21,7 @@ from nsysan.ingest import load_trace
 
 def findings(paths, kind=None, **settings):
     with load_trace(paths) as trace:
-        found = run_detectors(trace, {k: v for k, v in settings.items()})
+        found = run_detectors(trace, dict(settings.items()))
     return [f for f in found if kind is None or f.kind == kind]
 
 

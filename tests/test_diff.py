@@ -52,7 +52,7 @@ def _anchor_steps(path: str, device: int, name: str) -> np.ndarray:
 
 
 def test_real_pair_step_time_from_the_repeating_kernel_sequence(real):
-    before, after, (b, a), doc = real
+    before, after, (b, _a), doc = real
     assert doc["comparable"]["ok"], doc["comparable"]
     assert doc["steps"]["source"] == {"before": "kernel sequence", "after": "kernel sequence"}
     assert "flash_fwd_kernel" in doc["steps"]["detail"]["before"]
@@ -90,7 +90,7 @@ def test_real_pair_kernel_deltas_and_gpu_time_match_sql(real):
                  "FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName GROUP BY deviceId"  # fmt: skip
     for side, path, profile in (("before", before, b["profile"]), ("after", after, a["profile"])):
         sums = {d: (kt, nt) for d, kt, nt in sql(path, per_device)}
-        for row, prow in zip(doc["ranks"], profile["ranks_table"]):
+        for row, prow in zip(doc["ranks"], profile["ranks_table"], strict=True):
             kt, nt = sums[prow["devices"][0]]
             assert row["kernel_ns"][side] == kt and row["nccl_ns"][side] == nt
             assert kt <= row["busy_ns"][side] <= row["span_ns"][side]
@@ -104,7 +104,7 @@ def test_real_pair_kernel_deltas_and_gpu_time_match_sql(real):
 
 
 def test_samples_step_time_and_findings_fixed(samples):
-    (b, a), doc = samples
+    (_b, _a), doc = samples
     for path, side in ((STALL, "before"), (FIXED, "after")):
         steps = [d for (d,) in sql(path, "SELECT n.end - n.start FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId "
                                          "WHERE COALESCE(n.text, s.value) LIKE 'step%' AND n.eventType IN (59, 60)")]  # fmt: skip
@@ -162,19 +162,22 @@ def test_confidence_separates_a_shift_from_noise():
 
 def test_a_change_within_step_noise_does_not_fail_the_gate(samples):
     (b, _), _ = samples
-    noisy = lambda steps: {
-        **b,
-        "profile": {
-            **b["profile"],
-            "steps": {
-                "source": "nvtx",
-                "detail": None,
-                "per_rank": {  # noqa: E731
-                    "0": {"step_ns": steps, "busy_pct": [50.0] * len(steps), "nccl_ns": [0.0] * len(steps)}
+
+    def noisy(steps: list[float]) -> dict:
+        return {
+            **b,
+            "profile": {
+                **b["profile"],
+                "steps": {
+                    "source": "nvtx",
+                    "detail": None,
+                    "per_rank": {
+                        "0": {"step_ns": steps, "busy_pct": [50.0] * len(steps), "nccl_ns": [0.0] * len(steps)}
+                    },
                 },
             },
-        },
-    }
+        }
+
     before, after = noisy([10.0, 14.0, 9.0, 15.0, 12.0]), noisy([11.0, 15.0, 10.0, 16.0, 13.0])
     doc = diff_documents(before, after)
     verdict = gate(doc, before, after, threshold=5, metric="step")

@@ -364,11 +364,11 @@ def impossible_figures(doc: dict) -> list[str]:
         elif isinstance(value, bool) or value is None:
             return
         elif isinstance(value, (int, float)):
-            if key.endswith("_ns") and not 0 <= value < 2**62:
-                bad.append(f"{where}={value}")
-            elif any(key.endswith(s) for s in _SHARE_KEYS) and not 0 <= value <= 100.000001:
-                bad.append(f"{where}={value}")
-            elif where.startswith(".summary") and key not in ("ratio",) and value < 0:
+            if (
+                (key.endswith("_ns") and not 0 <= value < 2**62)
+                or (any(key.endswith(s) for s in _SHARE_KEYS) and not 0 <= value <= 100.000001)
+                or (where.startswith(".summary") and key not in ("ratio",) and value < 0)
+            ):
                 bad.append(f"{where}={value}")
         elif isinstance(value, str) and key in ("kernel", "short_name", "name") and value in ("nan", "None", "<NA>"):
             bad.append(f"{where}={value!r}")

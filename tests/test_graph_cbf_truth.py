@@ -98,7 +98,7 @@ def test_gpu_state_says_what_the_rows_show(outcomes):
     states = set()
     for _, _, _, paths, truths, findings in outcomes["command_buffer_full"]:
         severities = expected_severities(truths, paths)
-        for t, sev in zip(truths, severities):
+        for t, sev in zip(truths, severities, strict=True):
             f = next(f for f in findings if why_not(t, sev, f) is None)
             assert f.evidence["gpu_state"] == t.detail["gpu_state"], (t, f.evidence["gpu"])
             states.add(f.evidence["gpu_state"])
@@ -197,7 +197,7 @@ def test_host_bound_eager_passes_do_not_set_the_baseline(tmp_path):
     t = 5_000 * US
     for gap, bound in ((4, True), (150, False), (4, True), (150, False), (5, True), (150, False), (90, True)):
         t = _eager(rk, t, gap * US, bound)
-    _, ends, starts = _replays(rk, t, 40 * US, None, events=True)
+    _, _ends, _starts = _replays(rk, t, 40 * US, None, events=True)
     (f,) = run("graph_allreduce_gap", _close([rk]))
     assert f.evidence["baseline_gap_ns"] == 4_500
     assert f.evidence["baseline"] == "median of 4 device-bound eager all-reduces"

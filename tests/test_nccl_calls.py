@@ -133,17 +133,19 @@ REAL_NAMES = ("ncclCommCount", "ncclGroupEnd", "ncclGroupStart", "ncclRecv", "nc
 def test_real_exports_give_named_calls_without_payload_values(tmp_path, name):
     path = _real_export(tmp_path, name)
     with sqlite3.connect(path) as c:
-        sql = dict(
-            ((pid, call), n)
+        sql = {
+            (pid, call): n
             for pid, call, n in c.execute(
                 "SELECT globalTid / 16777216 % 16777216, s.value, count(*) FROM NVTX_EVENTS e "
                 "JOIN StringIds s ON s.id = e.textId WHERE e.domainId = 1 AND e.eventType = 59 GROUP BY 1, 2"
             )
-        )
+        }
         # the domain-create row was cut away: the domain has no name, the calls are found by theirs
         assert c.execute("SELECT count(*) FROM NVTX_EVENTS WHERE eventType = 75").fetchone() == (0,)
         assert c.execute("SELECT count(*) FROM NVTX_EVENTS WHERE binaryData IS NOT NULL").fetchone() == (0,)
-    expected = {(pid, call): n for pid, counts in REAL_COUNTS[name].items() for call, n in zip(REAL_NAMES, counts)}
+    expected = {
+        (pid, call): n for pid, counts in REAL_COUNTS[name].items() for call, n in zip(REAL_NAMES, counts, strict=True)
+    }
     assert sql == expected
     with NsysExport(path) as x:
         calls = read_nccl_calls(x)

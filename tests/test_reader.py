@@ -55,7 +55,7 @@ def test_reader_matches_ground_truth(tmp_path, spec):
 
 @pytest.mark.parametrize("flavour", ["2022.4", "current"])
 def test_graph_node_table_found_by_columns(tmp_path, flavour):
-    paths, truth = write_job(JobSpec(flavour=flavour, graph="node"), tmp_path)
+    paths, _truth = write_job(JobSpec(flavour=flavour, graph="node"), tmp_path)
     with NsysExport(paths[0]) as x:
         expected = "CUDA_GRAPH_EVENTS" if flavour == "2022.4" else "CUDA_GRAPH_NODE_EVENTS"
         assert find_table(x, "graph_nodes") == expected

@@ -23,7 +23,7 @@ def test_fifty_small_episodes_of_one_problem_are_a_warning_together():
     episodes = [(_finding(0.086, 10 * i, "g"), run) for i in range(50)]  # 0.0086% each, 0.43% together
     assert {f.severity for f in grade(episodes, SeverityParams())} == {Severity.INFO}
     episodes = [(_finding(0.86, 10 * i, "g"), run) for i in range(50)]  # 0.086% each, 4.3% together
-    graded = grade(episodes + [(_finding(0.86, 999, ""), run)], SeverityParams())
+    graded = grade([*episodes, (_finding(0.86, 999, ""), run)], SeverityParams())
     assert [f.severity for f in graded[:50]] == [Severity.WARNING] * 50
     assert graded[50].severity is Severity.INFO  # no group: graded alone
 

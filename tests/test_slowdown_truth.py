@@ -147,7 +147,7 @@ def test_program_position_from_nested_nvtx(tmp_path):
 
     with load_trace([tmp_path / "nvtx.sqlite"]) as trace:
         k = judge(trace, Params()).sort_values("start_ns")
-    rows = list(zip(k["step_text"], k["path"], k["ordinal"]))
+    rows = list(zip(k["step_text"], k["path"], k["ordinal"], strict=True))
     assert rows[:4] == [("step 40", "Epoch #/step #/forward", 0), ("step 40", "Epoch #/step #/forward", 1),
                         ("step 40", "Epoch #/step #/backward", 0), ("step 40", "Epoch #/step #", 0)]  # fmt: skip
     assert rows[4][0] == "step 41" and rows[4][1:] == rows[0][1:]

@@ -270,6 +270,6 @@ def test_a_wrong_postgresql_password_is_a_user_error():
     url = os.environ.get("NSYSAN_TEST_PG_URL")
     need(bool(url), "a PostgreSQL server (NSYSAN_TEST_PG_URL, set by tests/run.sh)")
     wrong = sa.engine.make_url(url).set(password="not-the-password")
-    with pytest.raises(StoreUnavailable, match="cannot open the store .*password authentication failed") as refused:
+    with pytest.raises(StoreUnavailable, match=r"cannot open the store .*password authentication failed") as refused:
         ReviewStore(wrong.render_as_string(hide_password=False))
     assert "not-the-password" not in str(refused.value) and "***" in str(refused.value)

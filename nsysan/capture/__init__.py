@@ -6,10 +6,10 @@ from nsysan.capture.run import CaptureFailed, Manifest, capture, check_nsys, run
 __all__ = [
     "DEFAULT_OPTIONS",
     "CaptureFailed",
-    "check_overrides",
     "Manifest",
     "capture",
     "check_nsys",
+    "check_overrides",
     "nsys_argv",
     "run_directory",
 ]

@@ -32,7 +32,7 @@ def main() -> None:
 
     from nsysan.workloads.common import annotate, init
 
-    rank, world, device = init("nccl")
+    _rank, world, device = init("nccl")
     weights = [torch.randn(2048, 2048, device=device) / 45 for _ in range(args.layers)]
     x = torch.randn(512, 2048, device=device)
 
