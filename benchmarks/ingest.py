@@ -96,7 +96,8 @@ t0 = time.perf_counter()
 from nsysan.detect import run_detectors
 from nsysan.ingest import load_trace
 from nsysan.overview import build_overview
-from nsysan.report import RENDERERS, build_document
+from nsysan.report.document import build_document
+from nsysan.report.renderers import RENDERERS
 t1 = time.perf_counter()
 with load_trace([sys.argv[1]]) as trace:
     overview = build_overview(trace)

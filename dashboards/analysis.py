@@ -1,8 +1,8 @@
 """Analysis in the background, and the timelines the server keeps in memory.
 
 Registering a trace returns at once; a single worker thread runs the report on it (so a big
-trace never blocks the pages) and then prepares its timeline, the one slow step of drawing it.
-Progress is kept per trace for the library page to show.
+trace never blocks the pages), hands the document to the store, and then prepares its timeline,
+the one slow step of drawing it. Progress is kept per trace for the library page to show.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from dashboards.timeline import TimelineData
+from nsysan.analysis import analyse, capture_start_utc_ns
 from nsysan.errors import InputError, NsysanError
+from nsysan.ingest import load_trace
 from nsysan.store import ReviewStore
 
 log = logging.getLogger(__name__)
@@ -23,6 +25,20 @@ log = logging.getLogger(__name__)
 
 class NotReady(InputError):
     pass
+
+
+def analyse_stored_trace(store: ReviewStore, trace_id: int) -> None:
+    """Run the report on a registered trace and store its findings (replacing earlier ones); a trace
+    that cannot be read is marked failed, with the reason, before the error goes on."""
+    paths = store.start_analysis(trace_id)
+    try:
+        with load_trace(paths) as trace:
+            document = analyse(trace)
+            captured_utc_ns = capture_start_utc_ns(trace)
+    except NsysanError as exc:
+        store.mark_failed(trace_id, str(exc))
+        raise
+    store.save_analysis(trace_id, document, captured_utc_ns)
 
 
 @dataclass
@@ -70,8 +86,6 @@ class TimelineCache:
             return data
 
     def _build(self, trace_id: int) -> TimelineData:
-        from nsysan.ingest import load_trace
-
         if self._store.trace(trace_id)["status"] != "ready":
             raise NotReady(f"trace {trace_id} is not analysed yet")
         with load_trace(self._store.trace_paths(trace_id)) as trace:
@@ -126,7 +140,7 @@ class AnalysisQueue:
     def _run(self, trace_id: int) -> None:
         try:
             self._set(trace_id, "analysing")
-            self._store.analyse(trace_id)
+            analyse_stored_trace(self._store, trace_id)
             self._set(trace_id, "preparing timeline")
             self._timelines.get(trace_id)
             self._set(trace_id, "done")

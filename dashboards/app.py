@@ -2,7 +2,8 @@
 
 Pages live one per module in ``dashboards/pages``; each has ``layout(server, ...)`` and
 ``register(app, server)``. Everything a page needs from the process (store, background analysis,
-timelines, limits) is in one :class:`Server`. Pages address traces and findings by id only: a path
+timelines, limits) is in one :class:`~dashboards.server.Server`; the app imports the pages, the
+pages import the server, never the app. Pages address traces and findings by id only: a path
 never comes from the browser.
 """
 
@@ -11,9 +12,6 @@ from __future__ import annotations
 import logging
 import re
 import sys
-import threading
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -21,45 +19,17 @@ import dash
 from dash import Input, Output, dcc, html
 
 from dashboards import auth, ids
-from dashboards.analysis import AnalysisQueue, TimelineCache
 from dashboards.library import scan_directory
+from dashboards.pages import compare, finding, findings, library, overview
+from dashboards.server import Server
 from nsysan.errors import NsysanError
-from nsysan.store import ReviewStore
 
-DEFAULT_MAX_UPLOAD_MB = 200
 _ID = "[0-9]{1,15}"  # ASCII digits only, and small enough for any database's integer
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Server:
-    store: ReviewStore
-    traces_dir: Path | None = None
-    uploads_dir: Path = Path("nsysan-uploads")
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_MB * 2**20
-    users: dict[str, str] = field(default_factory=dict)
-    refused: list[str] = field(default_factory=list)  # why exports in traces_dir were not registered (last scan)
-    timelines: TimelineCache = field(init=False)
-    scan_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
-    analysis: AnalysisQueue = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.timelines = TimelineCache(self.store)
-        self.analysis = AnalysisQueue(self.store, self.timelines)
-
-    @property
-    def login_required(self) -> bool:
-        return bool(self.users)
-
-    def author(self, typed: str | None) -> str:
-        """Who is writing: the logged-in user, else the name typed in the header (no login on loopback)."""
-        return auth.current_user() or (typed or "").strip()[:64] or "anonymous"
-
-
 def create_app(server: Server) -> dash.Dash:
-    from dashboards.pages import compare, finding, findings, library, overview
-
-    app = dash.Dash(__name__, title="nsysan", suppress_callback_exceptions=True, update_title=None)
+    app = dash.Dash(__name__, title="nsysan", suppress_callback_exceptions=True, update_title="")
     # an upload arrives base64-encoded in a callback: leave room for a refusal with a reason (the
     # callback's own check); a request far beyond that is cut off by Flask with 413
     app.server.config["MAX_CONTENT_LENGTH"] = 2 * (server.max_upload_bytes * 4 // 3) + 2**20

@@ -13,18 +13,20 @@ import html
 import ipaddress
 import os
 import secrets
+import sys
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import flask
 from werkzeug.security import check_password_hash, generate_password_hash
+from werkzeug.wrappers import Response
 
 from nsysan.errors import InputError
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:
+    import tomli as tomllib
 
 USERS_ENV = "NSYSAN_USERS"
 SECRET_ENV = "NSYSAN_SECRET_KEY"
@@ -97,7 +99,7 @@ def install_login(server: flask.Flask, users: dict[str, str]) -> None:
     server.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
 
     @server.before_request
-    def _require_login() -> flask.Response | None:
+    def _require_login() -> Response | None:
         if flask.request.path in _OPEN_PATHS or flask.session.get("user") in users:
             return None
         if flask.request.path.startswith("/_dash-") and flask.request.method == "POST":
@@ -105,7 +107,7 @@ def install_login(server: flask.Flask, users: dict[str, str]) -> None:
         return flask.redirect(f"/login?next={quote(flask.request.full_path.rstrip('?'))}")
 
     @server.route("/login", methods=["GET", "POST"])
-    def _login() -> flask.Response | str:
+    def _login() -> Response | str:
         target = _safe_next(flask.request.values.get("next", "/"))
         error = ""
         if flask.request.method == "POST":
@@ -119,7 +121,7 @@ def install_login(server: flask.Flask, users: dict[str, str]) -> None:
         return _LOGIN_PAGE.format(next=html.escape(target), error=html.escape(error))
 
     @server.route("/logout")
-    def _logout() -> flask.Response:
+    def _logout() -> Response:
         flask.session.clear()
         return flask.redirect("/login")
 

@@ -1,6 +1,6 @@
 """Getting traces into the library: from the server's traces directory, or uploaded.
 
-Both validate before anything is stored (``ReviewStore.register`` opens every file as an nsys
+Both validate before anything is stored (:func:`register_exports` opens every file as an nsys
 export, read-only) and queue the analysis. An upload is written under the uploads directory with a
 name nsysan chooses; the browser's file name is only kept, cleaned, for people to read.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
 import shutil
 import uuid
@@ -18,10 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nsysan.errors import InputError, NsysanError
-from nsysan.ingest.trace import EXPORT_SUFFIXES
+from nsysan.ingest import EXPORT_SUFFIXES, expand_inputs, load_trace
+from nsysan.store import ReviewStore
 
 if TYPE_CHECKING:
-    from dashboards.app import Server
+    from dashboards.server import Server
 
 
 class UploadRefused(InputError):
@@ -32,6 +34,15 @@ class UploadRefused(InputError):
 class Registered:
     ids: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+
+
+def register_exports(store: ReviewStore, paths: Sequence[str | os.PathLike[str]], name: str | None = None) -> int:
+    """Register the exports ``paths`` names (files, directories, globs) as one trace, after opening
+    each as an nsys export: anything else is refused with a one-line :class:`InputError`."""
+    files = expand_inputs(paths)
+    with load_trace(files):
+        pass
+    return store.register(files, name=name)
 
 
 def jobs_in(directory: Path) -> list[list[Path]]:
@@ -66,7 +77,7 @@ def scan_directory(server: Server) -> Registered:
             if tuple(str(p.resolve()) for p in files) in known:
                 continue
             try:
-                result.ids.append(server.store.register(files, name=job_name(files, server.traces_dir)))
+                result.ids.append(register_exports(server.store, files, name=job_name(files, server.traces_dir)))
             except NsysanError as exc:  # shown to reviewers: paths relative to the traces directory
                 result.errors.append(_without_server_paths(str(exc), server.traces_dir))
         server.refused = list(result.errors)
@@ -96,7 +107,7 @@ def save_upload(server: Server, contents: Sequence[str], filenames: Sequence[str
     target.mkdir(parents=True)
     try:
         paths = []
-        for name, data in zip(names, encoded):
+        for name, data in zip(names, encoded, strict=True):
             path = target / name
             try:
                 path.write_bytes(base64.b64decode(data, validate=True))
@@ -104,7 +115,7 @@ def save_upload(server: Server, contents: Sequence[str], filenames: Sequence[str
                 raise UploadRefused(f"{name}: the upload arrived damaged (not base64)") from None
             paths.append(path)
         label = names[0].rsplit(".", 1)[0] if len(names) == 1 else f"{len(names)} files, {names[0]}…"
-        trace_id = server.store.register(paths, name=label)
+        trace_id = register_exports(server.store, paths, name=label)
     except NsysanError as exc:
         shutil.rmtree(target, ignore_errors=True)
         raise UploadRefused(_without_server_paths(str(exc), target)) from None

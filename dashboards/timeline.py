@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-
 from pandas.api.types import union_categoricals
 
 from nsysan.errors import InputError
 from nsysan.ingest.frames import NVTX_RANGE_TYPES
+from nsysan.ingest.nccl import is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
 from nsysan.report.document import fold_groups
@@ -69,13 +69,12 @@ class TimelineData:
 
     @classmethod
     def from_trace(cls, trace: Trace) -> TimelineData:
-        offset = trace.job_clock()
         parts = []
         k = trace.kernel_columns(_KERNEL_COLUMNS)
         if len(k):
             parts.append(pd.DataFrame({
                 "export": k["export"], "rank": k["rank"], "pid": k["pid"], "device": k["device"],
-                "lane": np.where(k["nccl_kind"].notna(), "NCCL", "compute"),
+                "lane": np.where(is_communication(k), "NCCL", "compute"),
                 "start": k["start_ns"], "end": k["end_ns"], "name": k["short_name"],
                 "correlation": k["correlation_id"],
             }))  # fmt: skip
@@ -101,10 +100,7 @@ class TimelineData:
         d = pd.concat([p.drop(columns="name") for p in parts], ignore_index=True)
         # names stay categorical: a million kernels share a few hundred names
         d["name"] = union_categoricals([_categorical(p["name"]) for p in parts], ignore_order=True)
-        d = d.dropna(subset=["start", "end"])
-        shift = d["export"].map(offset).fillna(0).astype("int64")
-        d["start"] = d["start"].astype("int64") + shift
-        d["end"] = d["end"].astype("int64") + shift
+        d = trace.on_job_clock(d.dropna(subset=["start", "end"]), columns=("start", "end"))
         key = _row_key(d)
         rows = _rows(d.loc[key.drop_duplicates().index], key.drop_duplicates())
         d["row"] = pd.Index(rows["key"]).get_indexer(key)
@@ -117,6 +113,7 @@ class TimelineData:
         merged_all = merge(pd.DataFrame({"row": row, "start_ns": start, "end_ns": end}), ["row"])
         cut = np.searchsorted(merged_all["row"].to_numpy(), np.arange(len(rows) + 1))
         ranks = trace.ranks.dropna(subset=["rank"])
+        offset = trace.job_clock()
         return cls(
             rows=rows.drop(columns=["key"]),
             row=row, start=start, end=end,
@@ -124,7 +121,7 @@ class TimelineData:
             correlation=d["correlation"].fillna(-1).to_numpy(dtype=np.int64),
             bounds=bounds, max_duration=duration.to_numpy(dtype=np.int64),
             merged=[merged_all.iloc[cut[i]:cut[i + 1]] for i in range(len(rows))],
-            rank_offset={int(r): int(offset.get(int(e), 0)) for r, e in zip(ranks["rank"], ranks["export"])},
+            rank_offset={int(r): int(offset.get(int(e), 0)) for r, e in zip(ranks["rank"], ranks["export"], strict=True)},
             origin_ns=int(start.min()) if len(start) else 0,
         )  # fmt: skip
 
@@ -145,7 +142,10 @@ class TimelineData:
         t0, t1 = window_ns or self.extent_ns
         t1 = max(t1, t0 + 1)
         labels = self.rows["label"].tolist()
-        ms = lambda ns: (np.asarray(ns, dtype=np.float64) - self.origin_ns) / 1e6  # noqa: E731
+
+        def ms(ns: Any) -> np.ndarray:  # the x axis: ms since the timeline's origin
+            return (np.asarray(ns, dtype=np.float64) - self.origin_ns) / 1e6
+
         fig = go.Figure()
         edges = np.linspace(t0, t1, bins + 1).astype(np.int64)
         detail: dict[str, list[np.ndarray]] = {lane: [] for lane in LANES}
@@ -183,7 +183,8 @@ class TimelineData:
 
     def window_for(self, finding: dict[str, Any], margin: float = 1.0) -> tuple[int, int]:
         """A window around a finding, on the job clock: its span plus ``margin`` of it each side."""
-        shift = self.rank_offset.get(finding.get("rank") if finding.get("rank") is not None else -1, 0)
+        rank = finding.get("rank")
+        shift = self.rank_offset.get(int(rank), 0) if rank is not None else 0
         start, end = finding["start_ns"] + shift, max(finding["end_ns"], finding["start_ns"] + 1) + shift
         pad = int((end - start) * margin) + 1_000
         return start - pad, end + pad
@@ -206,7 +207,7 @@ class TimelineData:
         x = np.column_stack([ms(self.start[idx]), ms(self.end[idx]), np.full(n, np.nan)]).ravel()
         y = np.repeat(np.asarray(labels, dtype=object)[self.row[idx]], 3)
         duration_us = (self.end[idx] - self.start[idx]) / 1e3
-        text = [f"{nm}<br>{d:,.1f} us" for nm, d in zip(self.names[self.name[idx]], duration_us)]
+        text = [f"{nm}<br>{d:,.1f} us" for nm, d in zip(self.names[self.name[idx]], duration_us, strict=True)]
         return go.Scattergl(
             x=x, y=y, mode="lines", line={"color": colour, "width": width}, name=name, connectgaps=False,
             hovertext=np.repeat(np.asarray(text, dtype=object), 3), hoverinfo="text",

@@ -10,13 +10,13 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from nsysan import __version__
 from nsysan.errors import GateFailed, InputError, NsysanError
-from nsysan.report.renderers import FORMATS
+from nsysan.report.formats import FORMATS
 
 app = typer.Typer(
     name="nsysan",
@@ -34,7 +34,7 @@ OutputFormat = Enum("OutputFormat", {name: name for name in FORMATS}, type=str) 
 SUFFIX_FORMATS = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".html": "html", ".htm": "html"}
 
 
-def output_format_for(given: Optional[str], output: Optional[Path]) -> str:
+def output_format_for(given: str | None, output: Path | None) -> str:
     """The format to write: --format when given, else the one --output's suffix names, else terminal.
     A --format that contradicts the suffix is refused rather than writing, say, text into a .json file."""
     implied = SUFFIX_FORMATS.get(output.suffix.lower()) if output is not None else None
@@ -58,7 +58,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _main(
     version: Annotated[
-        Optional[bool],
+        bool | None,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = None,
 ) -> None:
@@ -76,7 +76,7 @@ def report(
         ),
     ],
     output_format: Annotated[
-        Optional[OutputFormat],
+        OutputFormat | None,
         typer.Option(
             "--format",
             "-f",
@@ -86,11 +86,11 @@ def report(
         ),
     ] = None,
     output: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--output", "-o", help="Write the report to this file instead of standard output."),
     ] = None,
     settings: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--set",
             metavar="KIND.PARAM=VALUE",
@@ -99,7 +99,7 @@ def report(
         ),
     ] = None,
     fail_on: Annotated[
-        Optional[FailOn],
+        FailOn | None,
         typer.Option(
             "--fail-on",
             help="Exit with code 3 when a finding at this severity or worse exists: use it as a CI gate.",
@@ -110,13 +110,12 @@ def report(
 
     Example: nsysan report fixtures/samples/allreduce-2rank.sqlite --format markdown -o report.md
     """
+    from nsysan.analysis import analyse
     from nsysan.detect import parse_settings
+    from nsysan.diff import build_profile, capture_notes, read_manifest
     from nsysan.findings import Severity
     from nsysan.ingest import expand_inputs, load_trace
-    from nsysan.report import analyse
     from nsysan.report.renderers import RENDERERS, render_terminal
-
-    from nsysan.diff import build_profile, capture_notes, read_manifest
 
     fmt = output_format_for(output_format.value if output_format else None, output)
     overrides = parse_settings(settings or [])
@@ -162,7 +161,7 @@ class DiffFailOn(str, Enum):
     critical = "critical"
 
 
-def _write(text: str, output: Optional[Path]) -> None:
+def _write(text: str, output: Path | None) -> None:
     if output is None:
         sys.stdout.write(text)
         return
@@ -186,7 +185,7 @@ def diff(
         str, typer.Argument(help="The capture after the change, in any of the same forms.", show_default=False)
     ],
     output_format: Annotated[
-        Optional[OutputFormat],
+        OutputFormat | None,
         typer.Option(
             "--format",
             "-f",
@@ -195,9 +194,9 @@ def diff(
             show_default=False,
         ),
     ] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the diff to this file.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the diff to this file.")] = None,
     fail_on_regression: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--fail-on-regression",
             metavar="PCT",
@@ -209,7 +208,7 @@ def diff(
         str, typer.Option("--metric", help="What --fail-on-regression gates: step, busy, nccl or kernel:NAME.")
     ] = "step",
     fail_on: Annotated[
-        Optional[DiffFailOn],
+        DiffFailOn | None,
         typer.Option(
             "--fail-on", help="Exit 3 on any new finding group, or on a new or worsened one at this severity or worse."
         ),
@@ -218,7 +217,7 @@ def diff(
         bool, typer.Option("--force", help="Compare even when the two captures are not comparable.")
     ] = False,
     step_pattern: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--step-pattern",
             metavar="REGEX",
@@ -226,7 +225,7 @@ def diff(
         ),
     ] = None,
     settings: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option("--set", metavar="KIND.PARAM=VALUE", help="Detector threshold, as for `report` (repeatable)."),
     ] = None,
 ) -> None:
@@ -275,7 +274,7 @@ def diff(
 @app.command()
 def capture(
     command: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Argument(
             help="The job to run, after `--` (e.g. -- torchrun --nproc_per_node=8 train.py).", show_default=False
         ),
@@ -284,7 +283,7 @@ def capture(
         Path, typer.Option("--output-dir", "-d", help="Where run directories go; each run gets its own.")
     ] = Path("nsysan-runs"),
     nsys_options: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option(
             "--nsys",
             metavar="--OPTION=VALUE",
@@ -292,7 +291,7 @@ def capture(
         ),
     ] = None,
     workload: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--workload", "-w", help="Run a bundled workload instead of a command (see docs/capture.md)."),
     ] = None,
     nproc: Annotated[int, typer.Option("--nproc", help="Processes (ranks) for --workload.")] = 2,
@@ -342,7 +341,7 @@ def capture(
         sys.exit(manifest.exit_code)
 
 
-def _nothing_recorded(sqlite: Optional[str]) -> Optional[str]:
+def _nothing_recorded(sqlite: str | None) -> str | None:
     """Why a capture's export has nothing `nsysan report` can read (no CUDA activity and no NVTX
     events, say), or None when it can be reported: a next step that fails would send the user in a
     circle."""
@@ -379,7 +378,7 @@ def detectors() -> None:
     Console(width=None if sys.stdout.isatty() else 160).print(table)
 
 
-def _bundled_traces() -> Optional[Path]:
+def _bundled_traces() -> Path | None:
     """The committed sample traces, when nsysan runs from its source tree (pip install -e .)."""
     samples = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
     return samples if samples.is_dir() else None
@@ -388,13 +387,13 @@ def _bundled_traces() -> Optional[Path]:
 @app.command()
 def serve(
     db: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--db", help="The review store: a SQLite file, or a URL such as postgresql+psycopg://user:pw@host/db."
         ),
     ] = None,
     traces_dir: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(
             "--traces",
             help="A directory of exports to register at start (and on demand); each "
@@ -406,7 +405,7 @@ def serve(
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8050,
     users_file: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(
             "--users",
             help='A TOML file with a \\[users] table of name = "<hash>" (see `nsysan hash-password`); '
@@ -422,8 +421,9 @@ def serve(
 
     Example: nsysan serve --traces runs/ --db postgresql+psycopg://nsysan@dbhost/nsysan --host 0.0.0.0 --users users.toml
     """
-    from dashboards.app import Server, start
+    from dashboards.app import start
     from dashboards.auth import USERS_ENV, is_loopback, load_users
+    from dashboards.server import Server
     from nsysan.store import ReviewStore
 
     users = load_users(users_file, os.environ.get(USERS_ENV))

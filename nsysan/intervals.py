@@ -36,22 +36,41 @@ def union_ns(intervals: pd.DataFrame, keys: list[str]) -> pd.Series:
     return (merged["end_ns"] - merged["start_ns"]).groupby([merged[k] for k in keys]).sum()
 
 
-def merge(intervals: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Overlapping intervals of each group merged into disjoint ones, sorted by start."""
+def segment_ids(intervals: pd.DataFrame, keys: list[str], gap_ns: int = 0) -> pd.Series:
+    """Per row (aligned to ``intervals``), the number of the merged interval it belongs to.
+
+    Intervals of a group that overlap, touch, or lie at most ``gap_ns`` apart belong to one merged
+    interval; numbers count up from 0 in (keys, start) order.
+    """
+    d = intervals[[*keys, "start_ns", "end_ns"]].reset_index(drop=True)
+    ordered = d.sort_values([*keys, "start_ns"], kind="stable")
+    segment = _segments(ordered, keys, gap_ns).sort_index()
+    return pd.Series(segment.to_numpy(), index=intervals.index)
+
+
+def merge(intervals: pd.DataFrame, keys: list[str], gap_ns: int = 0) -> pd.DataFrame:
+    """Intervals of each group merged into disjoint ones, sorted by start: those that overlap, and
+    with ``gap_ns`` also those at most that apart (a burst of calls as one stall)."""
     columns = [*keys, "start_ns", "end_ns"]
     if intervals.empty:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in columns})
     d = intervals[columns].sort_values([*keys, "start_ns"], kind="stable")
-    group = [d[k] for k in keys]
-    reach = d.groupby(group, sort=False)["end_ns"].cummax()
-    previous = reach.groupby(group, sort=False).shift()
-    segment = (previous.isna() | (d["start_ns"] > previous)).cumsum()
     merged = (
-        d.assign(segment=segment)
+        d.assign(segment=_segments(d, keys, gap_ns))
         .groupby("segment")
         .agg(**{k: (k, "first") for k in keys}, start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
     )
     return merged.reset_index(drop=True)
+
+
+def _segments(ordered: pd.DataFrame, keys: list[str], gap_ns: int) -> pd.Series:
+    """:func:`segment_ids` of intervals already sorted by (keys, start): a new segment starts where
+    an interval begins more than ``gap_ns`` after everything before it in its group has ended."""
+    group = [ordered[k] for k in keys]
+    reach = ordered.groupby(group, sort=False)["end_ns"].cummax()
+    previous = reach.groupby(group, sort=False).shift()
+    segments: pd.Series = (previous.isna() | (ordered["start_ns"] - previous > gap_ns)).cumsum() - 1
+    return segments
 
 
 def covered_ns(starts: np.ndarray, ends: np.ndarray, merged: pd.DataFrame) -> np.ndarray:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from nsysan.ingest.frames import NVTX_RANGE_TYPES
+from nsysan.ingest.nccl import NCCL_DOMAIN, attach_nccl_bytes, is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import check_sum_fits, union_ns
 
@@ -77,7 +78,7 @@ def top_kernels(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
     columns = ["kernel", "nccl", "count", "total_ns", "mean_ns", "pct"]
     if k.empty:
         return pd.DataFrame(columns=columns)
-    d = k.assign(dur=k["end_ns"] - k["start_ns"], nccl=k["nccl_kind"].notna())
+    d = k.assign(dur=k["end_ns"] - k["start_ns"], nccl=is_communication(k))
     check_sum_fits(d["dur"])
     g = d.groupby("short_name", observed=True).agg(
         nccl=("nccl", "first"), count=("dur", "size"), total_ns=("dur", "sum"), mean_ns=("dur", "mean")
@@ -91,7 +92,7 @@ def nccl_table(trace: Trace) -> pd.DataFrame:
     """NCCL kernel time by kind, operation, and message size where the NCCL NVTX ranges give it."""
     k = _kernels(trace)
     columns = ["kind", "op", "bytes", "count", "total_ns", "mean_ns"]
-    nccl = k[k["nccl_kind"].notna()] if len(k) else k
+    nccl = k[is_communication(k)] if len(k) else k
     if nccl.empty:
         return pd.DataFrame(columns=columns)
     sized = attach_nccl_bytes(nccl, trace)
@@ -104,42 +105,6 @@ def nccl_table(trace: Trace) -> pd.DataFrame:
     )
     g = g.reset_index().rename(columns={"nccl_kind": "kind", "nccl_op": "op"})
     return g.sort_values("total_ns", ascending=False)[columns].reset_index(drop=True)
-
-
-def attach_nccl_bytes(nccl_kernels: pd.DataFrame, trace: Trace) -> pd.DataFrame:
-    """Add ``nccl_api`` and ``nccl_bytes``: the NCCL-domain NVTX range around each kernel's launch.
-
-    The kernel's correlation id leads to its launch call; the NCCL API range (``ncclAllReduce``...)
-    open on that thread at that moment names the call, and its integer payload is the message
-    size. Kernels without such a range keep NA.
-    """
-    out = nccl_kernels.copy()
-    out["nccl_api"], out["nccl_bytes"] = pd.NA, pd.NA
-    nvtx = trace.nvtx
-    ranges = nvtx[(nvtx["domain"] == "NCCL") & nvtx["event_type"].isin(NVTX_RANGE_TYPES)] if len(nvtx) else nvtx
-    if ranges.empty:
-        return out
-    api = trace.launch_calls(out)
-    calls = (
-        out[["export", "pid", "correlation_id"]]
-        .reset_index()
-        .merge(
-            api[["export", "pid", "tid", "correlation_id", "start_ns"]].rename(columns={"start_ns": "call_ns"}),
-            on=["export", "pid", "correlation_id"],
-        )
-    )
-    if calls.empty:
-        return out
-    calls = calls.astype({"tid": "int64", "call_ns": "int64"}).sort_values("call_ns")
-    r = ranges[["export", "pid", "tid", "start_ns", "end_ns", "text", "payload_int"]].dropna(subset=["end_ns"])
-    r = r.astype({"tid": "int64", "start_ns": "int64", "end_ns": "int64"}).sort_values("start_ns")
-    hit = pd.merge_asof(
-        calls, r, left_on="call_ns", right_on="start_ns", by=["export", "pid", "tid"], direction="backward"
-    )
-    hit = hit[hit["end_ns"].notna() & (hit["end_ns"] >= hit["call_ns"])].set_index("index")
-    out.loc[hit.index, "nccl_api"] = hit["text"].astype(object)
-    out.loc[hit.index, "nccl_bytes"] = hit["payload_int"]
-    return out
 
 
 def copy_table(trace: Trace) -> pd.DataFrame:
@@ -230,11 +195,11 @@ def export_table(trace: Trace) -> pd.DataFrame:
             "ranks": sorted(int(r) for r in trace.ranks.loc[trace.ranks["export"] == e.index, "rank"]),
             "devices": devices,
             "kernels": len(ke),
-            "nccl_kernels": int(ke["nccl_kind"].notna().sum()),
+            "nccl_kernels": int(is_communication(ke).sum()),
             "memcpy": len(me),
             "peer_copies": int((me["copy_kind"] == PEER_TO_PEER).sum()),
             "cuda_data": e.has_cuda_data,
-            "nccl_nvtx": int((ve["domain"] == "NCCL").sum()),
+            "nccl_nvtx": int((ve["domain"] == NCCL_DOMAIN).sum()),
             "nvtx_events": len(ve),
             "nvtx_ranges": int(ve["event_type"].isin(NVTX_RANGE_TYPES).sum()),
             "nvtx_marks": int((ve["event_type"] == "mark").sum()),

@@ -22,6 +22,13 @@ else
 fi
 pip_install -e ".[test]"
 
+# The code checks come first and fail the run (docs/testing.md): lint, formatting, types, layering.
+echo "tests/run.sh: ruff check, ruff format --check, mypy, lint-imports" >&2
+python3 -m ruff check --quiet .
+python3 -m ruff format --check --quiet .
+python3 -m mypy
+lint-imports --no-cache
+
 # provide PART VAR TEST SCRIPT SKIPS: run SCRIPT (which installs or starts PART and prints what the
 # tests need on its last line), check that line with `[ TEST line ]` and export it as VAR. Without it,
 # CI fails; elsewhere the tests named by SKIPS skip.

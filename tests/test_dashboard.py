@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import base64
 import shutil
+import sqlite3
 import subprocess
 import sys
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from dashboards import ids
-from dashboards.app import Server, route
+from dashboards.app import route
 from dashboards.auth import _safe_next, hash_password, is_loopback, load_users
 from dashboards.library import UploadRefused, jobs_in, save_upload, scan_directory
 from dashboards.pages import library as library_page
 from dashboards.pages.findings import FILTERS
+from dashboards.server import Server
 from dashboards.timeline import TimelineData, evidence_correlation_ids
 from fixtures.samples import SAMPLES_DIR, sample_paths
 from nsysan.errors import InputError
 from nsysan.ingest import load_trace
-from nsysan.intervals import merge
 from nsysan.store import ReviewStore
 from tests.conftest import sha256
 
@@ -45,6 +45,17 @@ def test_timeline_rows_are_ranks_gpus_and_lanes_on_the_job_clock():
     assert data.origin_ns <= first and data.start.min() == data.origin_ns
 
 
+def _busy_share_on_a_grid(intervals: list[tuple[int, int]], edges: np.ndarray) -> np.ndarray:
+    """The oracle: mark every nanosecond some interval covers (t busy when start <= t < end), then
+    count the marked nanoseconds of each bin. Brute force, nothing shared with nsysan.intervals."""
+    t0 = int(edges[0])
+    busy = np.zeros(int(edges[-1]) - t0, dtype=bool)
+    for start, end in intervals:
+        busy[max(start - t0, 0) : max(end - t0, 0)] = True
+    counted = np.concatenate([[0], np.cumsum(busy)])
+    return (counted[edges[1:] - t0] - counted[edges[:-1] - t0]) / np.diff(edges)
+
+
 def test_zoomed_out_rows_show_their_busy_share_and_zoomed_in_every_interval():
     data = _timeline("overlap-slowdown")
     detail = data.figure()
@@ -52,15 +63,19 @@ def test_zoomed_out_rows_show_their_busy_share_and_zoomed_in_every_interval():
     coarse = data.figure(row_detail_limit=2, bins=200)
     (heat,) = [t for t in coarse.data if t.type == "heatmap"]  # one heatmap for all rows, coloured by lane
     assert list(heat.y) == ["rank 0 · GPU 0 · compute", "rank 0 · GPU 0 · copies"]  # every row (both busy here)
-    # the busy share times the bin width adds up to the union of the row's intervals
-    start, end = data.extent_ns
-    width = (end - start) / 200
-    for busy, row in zip(heat.customdata, (0, 1)):
-        lo, hi = data.bounds[row], data.bounds[row + 1]
-        union = merge(pd.DataFrame({"g": 0, "start_ns": data.start[lo:hi], "end_ns": data.end[lo:hi]}), ["g"])
-        assert np.nansum(np.array(busy, dtype=float)) * width == pytest.approx(
-            (union["end_ns"] - union["start_ns"]).sum(), rel=0.01
-        )
+    # each bin's busy share is the share of its nanoseconds under the row's kernels / copies, read
+    # straight from the export (one export, one GPU, no NCCL: its clock is the job clock)
+    con = sqlite3.connect(f"file:{sample_paths('overlap-slowdown')[0]}?mode=ro", uri=True)
+    rows = [con.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall(),
+            con.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchall()]  # fmt: skip
+    con.close()
+    every = rows[0] + rows[1]
+    assert data.extent_ns == (min(s for s, _ in every), max(e for _, e in every))
+    edges = np.linspace(*data.extent_ns, 201).astype(np.int64)  # 200 equal bins over the run
+    for busy, intervals in zip(heat.customdata, rows, strict=True):
+        expected = _busy_share_on_a_grid(intervals, edges)
+        assert expected.sum() > 0 and (expected < 1).any()  # partly busy bins: a real check
+        assert np.array(busy, dtype=float) == pytest.approx(expected, abs=0.0005)  # customdata keeps 3 decimals
     # a narrow window around one kernel: back to exact intervals, with the kernel's name on hover
     s, e = int(data.start[5]), int(data.end[5])
     zoomed = data.figure((s, e), row_detail_limit=2)
@@ -71,6 +86,29 @@ def test_zoomed_out_rows_show_their_busy_share_and_zoomed_in_every_interval():
         for text in (t.hovertext if t.hovertext is not None else [])
         if text
     )
+
+
+def test_busy_share_of_a_small_case_worked_by_hand(tmp_path):
+    """Kernels A [1000, 1100) and B [1050, 1150) on two streams, E [1020, 1080) inside A, C [1300,
+    1400): over (1000, 1400) in 4 bins the GPU is busy 100 %, 50 %, 0 % and 100 % of each bin.
+    Summing durations instead of merging would say 160 % and 100 % for the first two."""
+    from fixtures.exporter import ExportWriter
+
+    w = ExportWriter(tmp_path / "small.sqlite")
+    w.process(100, "python3")
+    w.thread(100, 100, "python3")
+    w.gpu(0)
+    for i, (stream, start, end) in enumerate([(7, 1000, 1100), (8, 1050, 1150), (9, 1020, 1080), (7, 1300, 1400)]):
+        w.kernel(100, 0, stream, start, end, f"kernel_{i}", correlation=i + 1)
+    with load_trace([w.close()]) as trace:
+        data = TimelineData.from_trace(trace)
+    assert data.extent_ns == (1000, 1400)
+    (heat,) = [t for t in data.figure((1000, 1400), bins=4, row_detail_limit=1).data if t.type == "heatmap"]
+    assert list(heat.y) == ["rank 0 · GPU 0 · compute"]
+    assert [list(r) for r in heat.customdata] == [[1.0, 0.5, 0.0, 1.0]]
+    # the same row through the brute-force oracle, so the oracle itself is checked by hand too
+    assert _busy_share_on_a_grid([(1000, 1100), (1050, 1150), (1020, 1080), (1300, 1400)],
+                                 np.array([1000, 1100, 1200, 1300, 1400])).tolist() == [1.0, 0.5, 0.0, 1.0]  # fmt: skip
 
 
 def test_one_long_interval_does_not_keep_a_zoomed_row_coarse(tmp_path):
@@ -154,7 +192,7 @@ def test_a_group_lists_its_occurrences_each_linked():
     g = "comm_compute_slowdown|rank 0|device 0|sgemm|nccl"
     listing = occurrences([_found(1, g, 1), _found(2, g, 5), _found(3, g, 2)])
     heading, table = listing.children
-    assert heading.children == "3 occurrences of comm_compute_slowdown on rank 0, GPU 0, pid 9 · 8.00 ms in all"
+    assert heading.children == "3 occurrences of comm_compute_slowdown on rank 0, GPU 0, pid 9 · 8 ms in all"
     assert [r["title"].rsplit("(", 1)[1] for r in table.data] == ["/findings/2)", "/findings/3)", "/findings/1)"]
 
 

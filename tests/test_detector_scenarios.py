@@ -20,9 +20,9 @@ import pytest
 
 from fixtures.anomalies import FAMILIES, Planted, scenario
 from fixtures.samples import FINDING_SAMPLES, sample_paths
+from nsysan.analysis import analyse
 from nsysan.findings import Finding
 from nsysan.ingest import load_trace
-from nsysan.report import analyse
 
 SEEDS = range(8)
 

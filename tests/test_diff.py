@@ -305,6 +305,8 @@ def test_diff_shows_how_two_runs_were_captured(tmp_path):
 
 
 def test_dashboard_compare_uses_the_same_function(tmp_path, samples):
+    from dashboards.analysis import analyse_stored_trace
+    from dashboards.comparison import compare_traces
     from dashboards.pages import compare as page
 
     _, doc = samples
@@ -312,8 +314,8 @@ def test_dashboard_compare_uses_the_same_function(tmp_path, samples):
     ids = []
     for name, path in (("pipeline-stall", STALL), ("pipeline-stall-fixed", FIXED)):
         ids.append(store.register([path], name=name))
-        store.analyse(ids[-1])
-    c = store.compare(*ids)
+        analyse_stored_trace(store, ids[-1])
+    c = compare_traces(store, *ids)
     assert c.diff["steps"] == doc["steps"] and c.diff["kernels"] == doc["kernels"] and c.diff["ranks"] == doc["ranks"]
     assert [f["group"] for f in c.fixed] == [g["group"] for g in doc["findings"]["fixed"]] and c.new == []
     text = str(page._result(type("S", (), {"store": store})(), *ids))

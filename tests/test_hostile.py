@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from fixtures.samples import SAMPLES_DIR, sample_paths
+from nsysan.analysis import analyse
 from nsysan.errors import CorruptExportError, InputError
 from nsysan.ingest import load_trace
-from nsysan.report import analyse
 from nsysan.report.renderers import RENDERERS
 from tests.conftest import sha256
 from tests.test_fuzz import impossible_figures

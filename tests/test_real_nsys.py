@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from nsysan.analysis import analyse
 from nsysan.ingest import load_trace
-from nsysan.report import analyse
 from tests.conftest import need
 
 JOB = Path(__file__).parent / "jobs" / "gloo_nvtx_job.py"

@@ -15,8 +15,8 @@ import pytest
 from fixtures.exporter import ExportWriter, global_tid
 from fixtures.samples import sample_paths
 from fixtures.scenarios import JobSpec, write_job
+from nsysan.analysis import analyse
 from nsysan.ingest import load_trace
-from nsysan.report import analyse
 from nsysan.report.renderers import render_terminal
 from tests.conftest import sha256
 

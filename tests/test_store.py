@@ -10,8 +10,13 @@ import threading
 import pytest
 import sqlalchemy as sa
 
+from dashboards.analysis import analyse_stored_trace
+from dashboards.comparison import compare_traces
+from dashboards.library import register_exports
 from fixtures.samples import sample_paths
+from nsysan.analysis import analyse
 from nsysan.errors import InputError
+from nsysan.ingest import load_trace
 from nsysan.store import NotFound, ReviewStore, StaleEdit, StoreUnavailable, store_url
 from nsysan.store.models import SCHEMA_VERSION, Base
 from nsysan.store.store import MIGRATIONS
@@ -27,10 +32,18 @@ def url(request, tmp_path):
     url = os.environ.get("NSYSAN_TEST_PG_URL")
     need(bool(url), "a PostgreSQL server (NSYSAN_TEST_PG_URL, set by tests/run.sh)")
     engine = sa.create_engine(url)
-    Base.metadata.drop_all(engine)  # a clean schema per test
+    _drop_all(engine)  # a clean schema per test
     yield url
-    Base.metadata.drop_all(engine)
+    _drop_all(engine)
     engine.dispose()
+
+
+def _drop_all(engine: sa.Engine) -> None:
+    """Every store table, including those of older schemas a migration test left behind."""
+    with engine.begin() as c:
+        for old in ("comments", "trace_notes"):
+            c.execute(sa.text(f"DROP TABLE IF EXISTS {old}"))
+    Base.metadata.drop_all(engine)
 
 
 @pytest.fixture
@@ -40,7 +53,7 @@ def store(url):
 
 def _analysed(store: ReviewStore, sample: str) -> int:
     trace_id = store.register(sample_paths(sample), name=sample)
-    store.analyse(trace_id)
+    analyse_stored_trace(store, trace_id)
     return trace_id
 
 
@@ -59,7 +72,7 @@ def test_only_nsys_exports_are_registered(store, tmp_path):
     bogus = tmp_path / "notes.sqlite"
     bogus.write_text("not a database")
     with pytest.raises(InputError, match="not an SQLite file"):
-        store.register([bogus])
+        register_exports(store, [bogus])
     assert store.traces() == []
 
 
@@ -116,23 +129,19 @@ def test_two_concurrent_edits_of_one_finding(store):
 def test_compare_before_and_after_a_fix(store):
     before = _analysed(store, "pipeline-stall")
     after = _analysed(store, "pipeline-stall-fixed")  # the same job with rank 3 on time
-    c = store.compare(before, after)
+    c = compare_traces(store, before, after)
     assert [f["kind"] for f in c.fixed] == ["nccl_ordering_stall"] and c.new == [] and c.unchanged == []
     # the NVTX "step" ranges: 4 ranks x 1 step; the stall cost rank 2 about 5 ms of a ~9 ms step
     assert c.step_ns_after == pytest.approx(3.96e6, rel=0.01) and c.step_ns_before > c.step_ns_after + 4e6
 
 
-def test_findings_keep_their_group(store, monkeypatch):
-    import nsysan.report
-
-    analyse = nsysan.report.analyse
-
-    def grouped(trace, *args, **kwargs):
-        doc = analyse(trace, *args, **kwargs)
-        return doc | {"findings": [f | {"group": f"{f['kind']}|rank {f['rank']}"} for f in doc["findings"]]}
-
-    monkeypatch.setattr(nsysan.report, "analyse", grouped)  # detectors may not emit groups yet
-    trace_id = _analysed(store, "pipeline-stall")
+def test_findings_keep_their_group(store):
+    trace_id = store.register(sample_paths("pipeline-stall"))
+    with load_trace(store.start_analysis(trace_id)) as trace:
+        doc = analyse(trace)
+    # the detectors may not emit groups yet: give every finding one
+    grouped = [f | {"group": f"{f['kind']}|rank {f['rank']}"} for f in doc["findings"]]
+    store.save_analysis(trace_id, doc | {"findings": grouped})
     (finding,) = store.findings(trace_id)
     assert finding["group"] == "nccl_ordering_stall|rank 2" and list(finding)[2:4] == ["kind", "group"]
     assert store.finding(finding["id"])["group"] == "nccl_ordering_stall|rank 2"
@@ -208,7 +217,7 @@ def test_a_schema_1_store_gains_finding_groups_and_keeps_its_review(url):
     _schema_1_store(url)
     s = ReviewStore(url)
     version, columns = _state(url)
-    assert version == str(SCHEMA_VERSION) == "2" and "group" in columns
+    assert version == str(SCHEMA_VERSION) == "3" and "group" in columns
     (old,) = s.findings(1)
     assert old["group"] == "" and (old["status"], old["assignee"], old["version"]) == ("confirmed", "ada", 3)
     assert [c["body"] for c in s.finding(old["id"])["comments"]] == ["seen it"]
@@ -234,6 +243,64 @@ def test_a_failed_migration_leaves_the_store_as_it_was(url, monkeypatch):
     assert version == "1" and "group" not in columns  # version bump and ALTER TABLE rolled back together
     monkeypatch.setitem(MIGRATIONS, 1, add_group)
     assert ReviewStore(url).findings(1)[0]["group"] == ""
+
+
+def _schema_2_store(url: str) -> None:
+    """A store as nsysan with store schema 2 left it: findings with groups, a finding with two
+    comments and a trace with a note, in their separate tables."""
+    _schema_1_store(url)
+    engine = sa.create_engine(url)
+    later = dt.datetime(2026, 1, 2, 3, 4, tzinfo=dt.timezone.utc)
+    with engine.begin() as c:
+        c.exec_driver_sql("ALTER TABLE findings ADD COLUMN \"group\" TEXT DEFAULT '' NOT NULL")
+        c.execute(sa.text("UPDATE nsysan_meta SET value = '2'"))
+        c.execute(sa.table("comments", *map(sa.column, ("finding_id", "author", "body", "created_at"))).insert(),
+                  [{"finding_id": 1, "author": "bob", "body": "fixed in #42", "created_at": later}])  # fmt: skip
+        c.execute(sa.table("trace_notes", *map(sa.column, ("trace_id", "author", "body", "created_at"))).insert(),
+                  [{"trace_id": 1, "author": "bob", "body": "captured on node 7", "created_at": later}])  # fmt: skip
+    engine.dispose()
+
+
+def _tables(url: str) -> set[str]:
+    engine = sa.create_engine(url)
+    try:
+        return set(sa.inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_a_schema_2_store_keeps_its_comments_and_notes_in_one_table(url):
+    _schema_2_store(url)
+    s = ReviewStore(url)
+    assert _state(url)[0] == str(SCHEMA_VERSION) == "3"
+    assert "remarks" in _tables(url) and not _tables(url) & {"comments", "trace_notes"}
+    comments = s.finding(1)["comments"]
+    assert [(c["author"], c["body"]) for c in comments] == [("ada", "seen it"), ("bob", "fixed in #42")]
+    (note,) = s.notes(1)
+    assert (note["author"], note["body"], note["created_at"][:16]) == ("bob", "captured on node 7", "2026-01-02T03:04")
+    s.comment(1, "ada", "confirmed on the new build")  # the merged table takes new remarks of both kinds
+    s.note(1, "ada", "recaptured")
+    assert [c["body"] for c in s.finding(1)["comments"]][-1] == "confirmed on the new build"
+    assert [n["body"] for n in s.notes(1)] == ["captured on node 7", "recaptured"]
+    ReviewStore(url)  # opening it again: nothing left to do
+    assert len(ReviewStore(url).finding(1)["comments"]) == 3
+
+
+def test_a_failed_merge_of_comments_and_notes_leaves_them_where_they_were(url, monkeypatch):
+    _schema_2_store(url)
+    merge = MIGRATIONS[2]
+
+    def fails_after_the_merge(conn: sa.Connection) -> None:
+        merge(conn)
+        raise RuntimeError("disk full")
+
+    monkeypatch.setitem(MIGRATIONS, 2, fails_after_the_merge)
+    with pytest.raises(RuntimeError, match="disk full"):
+        ReviewStore(url)
+    assert _state(url)[0] == "2"  # the version bump, the new table, the copies and the drops rolled back together
+    assert {"comments", "trace_notes"} <= _tables(url) and "remarks" not in _tables(url)
+    monkeypatch.setitem(MIGRATIONS, 2, merge)
+    assert [n["body"] for n in ReviewStore(url).notes(1)] == ["captured on node 7"]
 
 
 def test_a_store_from_a_newer_nsysan_is_refused(url):

@@ -1,4 +1,8 @@
-"""Small pieces several pages show: times, severities, a finding's one-line identity, the zoomable timeline."""
+"""Small pieces several pages show: dates, severities, a finding's one-line identity, the zoomable timeline.
+
+Durations are the report's (:func:`nsysan.report.format.duration`), so a page and ``nsysan report``
+print the same figure the same way.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,7 @@ from typing import Any
 import plotly.graph_objects as go
 from dash import html, no_update
 
-from dashboards.app import Server
-
-
-def duration(ns: float | None) -> str:
-    if ns is None:
-        return "–"
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if abs(ns) >= scale:
-            return f"{ns / scale:,.2f} {unit}"
-    return f"{ns:,.0f} ns"
+from dashboards.server import Server
 
 
 def captured(utc_ns: int | None) -> str:
@@ -55,13 +50,17 @@ def zoomed_figure(server: Server, trace_id: int, relayout: dict[str, Any] | None
     if not relayout:
         return no_update
     data = server.timelines.get(trace_id)
+
+    def on_clock(ms: Any) -> int:  # the axis shows ms since the timeline's origin
+        return int(data.origin_ns + float(ms) * 1e6)
+
+    window: tuple[int, int] | None
     if "xaxis.range[0]" in relayout and "xaxis.range[1]" in relayout:
-        window = tuple(int(data.origin_ns + float(relayout[f"xaxis.range[{i}]"]) * 1e6) for i in (0, 1))
+        window = on_clock(relayout["xaxis.range[0]"]), on_clock(relayout["xaxis.range[1]"])
     elif isinstance(relayout.get("xaxis.range"), list) and len(relayout["xaxis.range"]) == 2:
-        window = tuple(int(data.origin_ns + float(v) * 1e6) for v in relayout["xaxis.range"])
+        window = on_clock(relayout["xaxis.range"][0]), on_clock(relayout["xaxis.range"][1])
     elif relayout.get("xaxis.autorange"):
         window = data.window_for(highlight) if highlight else None
     else:
         return no_update
-    findings = server.store.findings(trace_id)
-    return data.figure(window, findings, highlight=highlight)  # type: ignore[arg-type]
+    return data.figure(window, server.store.findings(trace_id), highlight=highlight)

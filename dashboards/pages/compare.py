@@ -1,5 +1,5 @@
-"""Two captures of one job, before and after a fix, through ``nsysan diff``'s comparison (the store's
-``compare``): step time with its confidence, finding groups fixed, new and unchanged, and the same
+"""Two captures of one job, before and after a fix, through ``nsysan diff``'s comparison
+(:func:`dashboards.comparison.compare_traces`): step time with its confidence, finding groups fixed, new and unchanged, and the same
 tables the CLI prints (GPU time per rank, NCCL, copies, kernel deltas, capture differences)."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import dash
 from dash import Input, Output, dcc, html
 
 from dashboards import ids
-from dashboards.app import Server
-from dashboards.pages.common import duration, severity_badge, where
+from dashboards.comparison import compare_traces
+from dashboards.pages.common import severity_badge, where
+from dashboards.server import Server
 from nsysan.diff.render import change, confidence, notes, sections
 from nsysan.errors import InputError
+from nsysan.report.format import duration
 
 _FINDINGS_TABLE = "Findings:"  # shown as the three columns instead
 
@@ -44,11 +46,11 @@ def _result(server: Server, before: int | None, after: int | None) -> Any:
     if before is None or after is None:
         return html.P("Choose both captures.", className="hint")
     try:
-        c = server.store.compare(before, after)
+        c = compare_traces(server.store, before, after)
         names = [server.store.trace(t)["name"] for t in (before, after)]
     except InputError as exc:
         return html.P(str(exc), className="error")
-    doc = c.diff or {}
+    doc = c.diff
     slowest = doc["steps"]["slowest"]
     if c.step_ns_before and c.step_ns_after:
         step = change(slowest)

@@ -14,10 +14,10 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from dashboards import ids
-from dashboards.app import Server
-from dashboards.pages.common import duration, missing, severity_badge, thread, where, zoomed_figure
+from dashboards.pages.common import missing, severity_badge, thread, where, zoomed_figure
+from dashboards.server import Server
 from nsysan.errors import InputError
-from nsysan.report.format import share_of_run
+from nsysan.report.format import duration, share_of_run
 from nsysan.store import FINDING_STATUSES, NotFound, StaleEdit
 
 
@@ -83,9 +83,10 @@ def register(app: dash.Dash, server: Server) -> None:
                   State(ids.COMMENT_TEXT, "value"), State(ids.FINDING_ID, "data"), State(ids.AUTHOR, "value"),
                   prevent_initial_call=True)  # fmt: skip
     def _comment(_n: int, text: str | None, finding_id: int, author: str | None) -> Any:
-        if not (text or "").strip():
+        text = (text or "").strip()
+        if not text:
             return dash.no_update, dash.no_update
-        server.store.comment(finding_id, server.author(author), text.strip())
+        server.store.comment(finding_id, server.author(author), text)
         return _comments(server.store.finding(finding_id)["comments"]), ""
 
     @app.callback(Output(ids.FINDING_TIMELINE, "figure"), Input(ids.FINDING_TIMELINE, "relayoutData"),

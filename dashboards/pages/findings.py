@@ -13,10 +13,11 @@ import dash
 from dash import Input, Output, State, dash_table, dcc, html
 
 from dashboards import ids
-from dashboards.app import Server
-from dashboards.pages.common import duration, missing, where
+from dashboards.pages.common import missing, where
+from dashboards.server import Server
 from nsysan.detect import registered
 from nsysan.report.document import SEVERITY_RANK, fold_groups
+from nsysan.report.format import duration
 from nsysan.store import FINDING_STATUSES, NotFound
 
 FILTERS = {

@@ -8,14 +8,14 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from dashboards import ids
-from dashboards.app import Server
 from dashboards.library import UploadRefused, save_upload, scan_directory
 from dashboards.pages.common import captured
+from dashboards.server import Server
 
 
 def layout(server: Server) -> html.Div:
     limit_mib = server.max_upload_bytes / 2**20
-    actions = [
+    actions: list[Any] = [
         dcc.Upload(  # no max_size: the browser would drop a big file silently; the server says why instead
             id=ids.UPLOAD, multiple=True, className="upload",
             children=html.Div(["Drop nsys SQLite exports here or ", html.A("choose files"),
@@ -101,7 +101,8 @@ def _row(server: Server, t: dict[str, Any]) -> html.Tr:
         )
         for s in ("critical", "warning", "info")
     ]
-    return html.Tr(**{"data-trace": str(t["id"])}, children=[
+    row_data: dict[str, Any] = {"data-trace": str(t["id"])}  # the browser tests find a trace's row by it
+    return html.Tr(**row_data, children=[
         html.Td(t["id"]),
         html.Td(dcc.Link(t["name"], href=f"/traces/{t['id']}")),
         status_cell,

@@ -8,9 +8,10 @@ import dash
 from dash import Input, Output, State, dcc, html
 
 from dashboards import ids
-from dashboards.app import Server
-from dashboards.pages.common import captured, duration, missing, thread, zoomed_figure
+from dashboards.pages.common import captured, missing, thread, zoomed_figure
+from dashboards.server import Server
 from nsysan.errors import InputError
+from nsysan.report.format import duration
 from nsysan.store import NotFound
 
 BODY = "overview-body"
@@ -61,9 +62,10 @@ def register(app: dash.Dash, server: Server) -> None:
                   State(ids.NOTE_TEXT, "value"), State(ids.TRACE_ID, "data"), State(ids.AUTHOR, "value"),
                   prevent_initial_call=True)  # fmt: skip
     def _add_note(_n: int, text: str | None, trace_id: int, author: str | None) -> Any:
-        if not (text or "").strip():
+        text = (text or "").strip()
+        if not text:
             return dash.no_update, dash.no_update
-        server.store.note(trace_id, server.author(author), text.strip())
+        server.store.note(trace_id, server.author(author), text)
         return _notes(server, trace_id), ""
 
 

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -83,6 +84,7 @@ from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
 from nsysan.detect.registry import param, register
 from nsysan.findings import Finding, Severity
 from nsysan.ingest.frames import unpack_shape
+from nsysan.ingest.nccl import is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
 
@@ -124,7 +126,7 @@ class Params(SeverityParams):
 def _communication(trace: Trace, kernels: pd.DataFrame) -> pd.DataFrame:
     """(export, device, cls, start_ns, end_ns, what) of every NCCL kernel and peer/host copy; a peer
     copy counts on both its source and destination device (it loads both memories)."""
-    nccl = kernels[kernels["nccl_kind"].notna()]
+    nccl = kernels[is_communication(kernels)]
     parts = [pd.DataFrame({"export": nccl["export"], "device": nccl["device"], "cls": 0, "start_ns": nccl["start_ns"],
                            "end_ns": nccl["end_ns"], "what": nccl["short_name"].astype(str)})]  # fmt: skip
     m = trace.memcpy
@@ -150,7 +152,8 @@ def _coverage(compute: pd.DataFrame, comm: pd.DataFrame) -> np.ndarray:
         return covered
     starts, ends = compute["start_ns"].to_numpy(), compute["end_ns"].to_numpy()
     where = compute.groupby(["export", "device"]).indices
-    for (export, device, cls), g in comm.groupby(["export", "device", "cls"]):  # a few per device
+    for key, g in comm.groupby(["export", "device", "cls"]):  # a few per device
+        export, device, cls = cast(tuple[int, int, int], key)
         idx = where.get((export, device))
         if idx is not None:
             covered[idx, cls] = covered_ns(starts[idx], ends[idx], merge(g, ["export", "device"]))
@@ -181,7 +184,7 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
         on=["export", "pid", "correlation_id"],
     )
     text = r["text"].astype(str)
-    norm = text.map(dict(zip(pd.unique(text), (re.sub(r"\d+", "#", t) for t in pd.unique(text)))))
+    norm = text.map(dict(zip(pd.unique(text), (re.sub(r"\d+", "#", t) for t in pd.unique(text)), strict=True)))
     r = r.assign(norm=norm.to_numpy(dtype=object), raw=text.to_numpy(dtype=object))
     step = out["step"].to_numpy().copy()
     step_text = np.full(n, "", dtype=object)
@@ -310,7 +313,7 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
         return None
     kernels = kernels.astype({"device": "int64"})
     comm = _communication(trace, kernels)
-    compute = kernels[kernels["nccl_kind"].isna()].reset_index(drop=True)
+    compute = kernels[~is_communication(kernels)].reset_index(drop=True)
     if comm.empty or compute.empty:
         return None
     dur = (compute["end_ns"] - compute["start_ns"]).to_numpy(dtype=np.int64)
@@ -356,7 +359,7 @@ def _episodes(trace: Trace, k: pd.DataFrame, comm: pd.DataFrame, p: Params) -> l
     runs = run_ns(trace)
     out = []
     for _, e in s.groupby("episode", sort=False):  # one per finding
-        impact = int(round(e["extra"].sum()))
+        impact = round(float(e["extra"].sum()))
         if impact >= p.min_impact_ns:
             run = int(runs.get(int(e["export"].iloc[0]), 0))
             out.append((_finding(e, impact, run), run))
@@ -404,7 +407,7 @@ def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
         title=(
             f"{label} ({shape}) {actual / expected:.2f}x slower while {cls} runs: {len(e)} instance(s) in "
             f"{step}, {actual / 1e3:.0f} us vs {expected / 1e3:.0f} us expected"
-        ),  # fmt: skip
+        ),
         advice=" ".join(_ADVICE[i] for i in range(len(CLASSES)) if mask >> i & 1),
         start_ns=int(e["start_ns"].min()),
         end_ns=int(e["end_ns"].max()),

@@ -38,6 +38,7 @@ them busy. 2022.4 exports have no CUPTI overhead table; there the rows must come
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -46,7 +47,7 @@ from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
 from nsysan.detect.registry import param, register
 from nsysan.findings import Finding, Severity
 from nsysan.ingest.trace import Trace
-from nsysan.intervals import covered_ns, merge
+from nsysan.intervals import covered_ns, merge, segment_ids
 
 KIND = "command_buffer_full"
 _LABEL = "command buffer full"
@@ -78,9 +79,7 @@ def _rows(trace: Trace) -> pd.DataFrame:
 def _clusters(rows: pd.DataFrame, gap_ns: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Rows tagged with a cluster id per thread, and one line per cluster."""
     d = rows.sort_values([*_KEYS, "start_ns"], kind="stable").reset_index(drop=True)
-    reach = d.groupby(_KEYS, sort=False)["end_ns"].cummax()
-    previous = reach.groupby([d[k] for k in _KEYS], sort=False).shift()
-    d["cluster"] = (previous.isna() | (d["start_ns"] - previous > gap_ns)).cumsum() - 1
+    d["cluster"] = segment_ids(d, _KEYS, gap_ns)
     blocked = merge(d, ["cluster"])
     c = d.groupby("cluster").agg(
         export=("export", "first"), pid=("pid", "first"), tid=("tid", "first"), rank=("rank", "first"),
@@ -155,17 +154,19 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     work = _work(trace)
     queued = calls[["export", "pid", "correlation_id", "cluster", "end_ns"]].rename(columns={"end_ns": "call_end"}).merge(
         work, on=["export", "pid", "correlation_id"])  # fmt: skip
-    calls_by = dict(tuple(calls.groupby("cluster")))
-    queued_by = dict(tuple(queued.groupby("cluster")))
+    calls_by: dict[int, pd.DataFrame] = {cast(int, k): g for k, g in calls.groupby("cluster")}
+    queued_by: dict[int, pd.DataFrame] = {cast(int, k): g for k, g in queued.groupby("cluster")}
     device = queued.groupby("cluster")["device"].agg(lambda d: d.mode().iloc[0]).reindex(clusters.index)
     stalls = clusters.assign(device=device).dropna(subset=["device"]).astype({"device": "int64"})
     busy = _busy(work, stalls[["export", "device", "start_ns", "end_ns"]])
-    has_gpu = set(zip(work["export"], work["pid"]))
+    has_gpu = set(zip(work["export"], work["pid"], strict=True))
     threads = trace.threads.drop_duplicates(_KEYS).set_index(_KEYS)["name"].astype(object)
     runs = run_ns(trace)
     graded = []
-    for cluster, c in clusters.iterrows():  # one iteration per stall, not per row
-        shares = busy.loc[cluster].dropna().to_dict() if cluster in busy.index else {}
+    for key, c in clusters.iterrows():  # one iteration per stall, not per row
+        cluster = cast(int, key)
+        row = busy.loc[cluster].dropna().to_dict() if cluster in busy.index else {}
+        shares = {str(k): float(v) for k, v in row.items()}
         f = _finding(c, calls_by.get(cluster, calls.iloc[0:0]), queued_by.get(cluster, queued.iloc[0:0]), shares,
                      (c["export"], c["pid"]) in has_gpu, threads, int(runs.get(c["export"], 0)), p)  # fmt: skip
         graded.append((f, int(runs.get(c["export"], 0))))
@@ -200,11 +201,12 @@ def _finding(
                else "overhead rows without a thread: the blocked calls and their kernels cannot be found; GPU state unknown"
                if not known else "no GPU work of this process is in the trace; GPU state unknown")  # fmt: skip
     else:
+        assert busy is not None and delay is not None, "a known device means queued work, so a busy share and a delay"
         gpu = (f"device {device} was {100 * busy:.0f}% busy during the stall ({top or 'nothing ran'}); "
                f"the queued work started a median {delay / 1e6:.2f} ms after its call returned")  # fmt: skip
         if outside:
             gpu += f"; the work of {outside} of {len(calls)} blocked calls falls outside the capture window"
-    mostly = f" (mostly {max(by_kind, key=by_kind.get)})" if by_kind else ""
+    mostly = f" (mostly {max(by_kind, key=lambda k: by_kind[k])})" if by_kind else ""
     why = {
         "saturated": f"The GPU was busy through the stall{mostly}, so the queue filled because the GPU is behind, not "
         "because launching is slow: the step is GPU-bound and the blocked time is CPU time the thread could spend on "
@@ -225,7 +227,7 @@ def _finding(
         title=(
             f"Launch queue full: thread {tid if known else '(unknown)'} blocked {blocked / 1e6:.2f} ms "
             f"in {len(calls)} calls"
-        ),  # fmt: skip
+        ),
         advice=why,
         start_ns=start,
         end_ns=end,
@@ -242,7 +244,7 @@ def _finding(
             "overhead_table": str(c["source"]),
             "blocked_ns": blocked,
             "share_of_run": share_text(blocked, run),
-            "launch_calls": int(len(calls)),
+            "launch_calls": len(calls),
             "blocked_calls": {str(k): int(v) for k, v in calls["name"].astype(str).value_counts().items()},
             "correlation_ids": [int(calls["correlation_id"].min()), int(calls["correlation_id"].max())]
             if len(calls)

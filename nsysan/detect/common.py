@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -40,6 +41,19 @@ def run_ns(trace: Trace) -> pd.Series:
         nv = (ends.groupby(v["export"]).max() - v.groupby("export")["start_ns"].min()).reindex(out.index)
         out = out.fillna(nv)
     return out.fillna(0).astype("int64")
+
+
+def as_int(value: Any) -> int:
+    """A scalar read out of a frame (numpy or Python number) as an int for a finding.
+
+    ``Any``: pandas-stubs types such scalars as a union of every cell type, which int() refuses.
+    """
+    return int(value)
+
+
+def as_optional_int(value: Any) -> int | None:
+    """:func:`as_int`, or None for a missing value (NA, NaN, None)."""
+    return None if pd.isna(value) else int(value)
 
 
 def share_text(impact_ns: int, run: int) -> float | None:

@@ -45,13 +45,15 @@ with ``--cuda-graph-trace=graph`` has no node kernels: one ``info`` finding per 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
 
-from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
+from nsysan.detect.common import SeverityParams, as_int, grade, run_ns, share_text
 from nsysan.detect.registry import param, register
 from nsysan.findings import Finding, Severity
+from nsysan.ingest.nccl import is_allreduce
 from nsysan.ingest.trace import Trace
 
 KIND = "graph_allreduce_gap"
@@ -71,7 +73,7 @@ class Params(SeverityParams):
 def _ops(trace: Trace) -> pd.DataFrame:
     """Kernels, memcpys and memsets in one frame: what can produce an all-reduce's input."""
     k = trace.kernel_columns(_KERNEL_COLUMNS)
-    kernels = k.assign(op=k["short_name"].astype(str), is_ar=k["nccl_op"].astype(object).eq("AllReduce"))
+    kernels = k.assign(op=k["short_name"].astype(str), is_ar=is_allreduce(k))
     m, s = trace.memcpy, trace.memset
     copies = m.assign(op="memcpy " + m["copy_kind"].astype(str), is_ar=False)
     sets = s.assign(op="memset", is_ar=False)
@@ -106,7 +108,7 @@ def _baselines(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
         )
     pairs = _producers(ops, eager_ar, cols)
     calls = trace.launch_calls(pairs[["export", "pid", "correlation_id"]].dropna())
-    calls = calls.groupby(["export", "pid", "correlation_id"], as_index=False)["end_ns"].max()
+    calls = calls.groupby(["export", "pid", "correlation_id"], as_index=False).agg(end_ns=("end_ns", "max"))
     pairs = pairs.merge(
         calls.rename(columns={"end_ns": "launch_end"}), on=["export", "pid", "correlation_id"], how="left"
     )
@@ -146,10 +148,11 @@ def _event_nodes(trace: Trace, rep: pd.DataFrame) -> dict[tuple[int, int, int, i
     cap["until"] = np.minimum(cap["launch"], following.fillna(cap["launch"]))
     events = nodes[nodes["event"]]
     out: dict[tuple[int, int, int, int], pd.DataFrame] = {}
-    for row in cap.itertuples(index=False):
-        mine = events[(events["export"] == row.export) & (events["pid"] == row.pid)
-                      & events["start_ns"].between(row.first_created, row.until)]  # fmt: skip
-        out[(row.export, row.pid, row.device, row.graph)] = mine.drop_duplicates("root")
+    captured = cap[["export", "pid", "device", "graph", "first_created", "until"]].itertuples(index=False, name=None)
+    for export, pid, device, graph, first_created, until in captured:
+        mine = events[(events["export"] == export) & (events["pid"] == pid)
+                      & events["start_ns"].between(first_created, until)]  # fmt: skip
+        out[(export, pid, device, graph)] = mine.drop_duplicates("root")
     return out
 
 
@@ -158,7 +161,7 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     """Idle gaps before all-reduce kernels inside CUDA graph replays, against device-bound eager runs."""
     ops = _ops(trace)
     replayed = ops["graph_node_id"].notna() & ops["correlation_id"].notna()
-    traced_by_node = set(zip(ops.loc[replayed, "export"], ops.loc[replayed, "pid"]))
+    traced_by_node = set(zip(ops.loc[replayed, "export"], ops.loc[replayed, "pid"], strict=True))
     runs = run_ns(trace)
     graded = [(f, int(runs.get(export, 0))) for f, export in _graph_mode(trace, traced_by_node)]
     if not (replayed & ops["is_ar"]).any():
@@ -184,7 +187,8 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     calls = trace.launch_calls(
         hits[["export", "pid", "replay"]].drop_duplicates().rename(columns={"replay": "correlation_id"})
     )
-    for (export, pid, device, graph), g in hits.groupby(["export", "pid", "device", "graph"]):
+    for region, g in hits.groupby(["export", "pid", "device", "graph"]):
+        export, pid, device, graph = cast(tuple[int, int, int, int], region)
         run = int(runs.get(export, 0))
         f = _finding(trace, g, rep, base, events.get((export, pid, device, graph)), calls, p, run)
         graded.append((f, run))
@@ -203,11 +207,11 @@ def _finding(
 ) -> Finding:
     """One region's finding from its delayed (replay, all-reduce) pairs ``g``."""
     export, pid, device, graph = (int(g[c].iloc[0]) for c in ("export", "pid", "device", "graph"))
-    impact = int(round(float(g["excess"].sum())))
+    impact = round(float(g["excess"].sum()))
     baseline = float(g["base"].iloc[0])
     key = (export, pid, device)
-    bound = int(base.loc[key, "device_bound"]) if key in base.index else 0
-    host = int(base.loc[key, "host_bound"]) if key in base.index else 0
+    bound = as_int(base.loc[key, "device_bound"]) if key in base.index else 0
+    host = as_int(base.loc[key, "host_bound"]) if key in base.index else 0
     source = (f"median of {bound} device-bound eager all-reduces" if bound >= p.min_samples
               else f"launch floor ({bound} device-bound eager all-reduces, {p.min_samples} needed)")  # fmt: skip
     rank = trace.ranks.loc[(trace.ranks["export"] == export) & (trace.ranks["pid"] == pid), "rank"]
@@ -225,7 +229,7 @@ def _finding(
         title=(
             f"All-reduce waits {median_gap / 1e3:.0f} us after its producer in {len(replays)} CUDA graph replays "
             f"(eager baseline {baseline / 1e3:.0f} us)"
-        ),  # fmt: skip
+        ),
         advice=(
             "Set NCCL_GRAPH_MIXING_SUPPORT=0 to drop the event-record/stream-wait nodes NCCL adds so that captured "
             "and uncaptured NCCL work can be outstanding together. Trade-off: with it off, a communicator must not "
@@ -240,7 +244,7 @@ def _finding(
         pid=pid,
         group=f"{KIND}|{label}|device {device}|graph {graph}",
         evidence={
-            "replays": int(len(replays)),
+            "replays": len(replays),
             "replays_of_graph": int(all_replays),
             "first_graph_node_id": graph,
             "allreduce_graph_node_ids": sorted(int(n) for n in g["graph_node_id"].unique()),
@@ -252,7 +256,7 @@ def _finding(
             "host_bound_eager_excluded": host,
             "replay_correlation_ids": [int(c) for c in replays.head(5)],
             "graph_launch_calls": sorted({str(n) for n in launch["name"].astype(str)}),
-            "event_nodes": int(len(nodes)),
+            "event_nodes": len(nodes),
             "event_node_ids": [int(n) for n in nodes["root"].head(10)],
             "event_node_names": sorted({str(n) for n in nodes["name"].astype(str)}),
             "share_of_run": share_text(impact, run),
@@ -267,7 +271,8 @@ def _graph_mode(trace: Trace, skip: set[tuple[int, int]]) -> list[tuple[Finding,
     if launches.empty:
         return []
     out = []
-    for (export, pid), g in launches.groupby(["export", "pid"]):
+    for key, g in launches.groupby(["export", "pid"]):
+        export, pid = cast(tuple[int, int], key)
         if (export, pid) in skip:
             continue
         rank = g["rank"].dropna()

@@ -37,10 +37,11 @@ import numpy as np
 import pandas as pd
 
 from nsysan.detect import nccl_participants
-from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
+from nsysan.detect.common import SeverityParams, as_int, as_optional_int, grade, run_ns, share_text
 from nsysan.detect.readiness import device_ready
 from nsysan.detect.registry import param, register
 from nsysan.findings import Finding, Severity
+from nsysan.ingest.nccl import is_communication, is_point_to_point, participants_by_communicator
 from nsysan.ingest.trace import Trace
 
 KIND = "nccl_ordering_stall"
@@ -64,10 +65,10 @@ class Params(SeverityParams):
 def _ops(trace: Trace) -> pd.DataFrame:
     """NCCL kernels of known rank and device, with job-clock times, launch call and iteration."""
     k = trace.kernel_columns(_COLUMNS)
-    ops = k[k["nccl_kind"].notna() & k["rank"].notna() & k["device"].notna()].reset_index(drop=True)
-    offset = ops["export"].map(trace.job_clock()).astype("int64")
-    ops = ops.assign(rank=ops["rank"].astype("int64"), offset=offset, a_start=ops["start_ns"] + offset,
-                     a_end=ops["end_ns"] + offset, p2p=ops["nccl_kind"].astype(object).eq("p2p"))  # fmt: skip
+    ops = k[is_communication(k) & k["rank"].notna() & k["device"].notna()].reset_index(drop=True)
+    ops = trace.on_job_clock(ops.assign(a_start=ops["start_ns"], a_end=ops["end_ns"]), ("a_start", "a_end"))
+    offset = ops["a_start"] - ops["start_ns"]
+    ops = ops.assign(rank=ops["rank"].astype("int64"), offset=offset, p2p=is_point_to_point(ops))
     calls = trace.launch_calls(ops)[["export", "pid", "correlation_id", "start_ns", "end_ns", "tid"]]
     calls = calls.drop_duplicates(["export", "pid", "correlation_id"]).rename(
         columns={"start_ns": "launch_ns", "end_ns": "launched_ns"}
@@ -106,7 +107,7 @@ def _communicators(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
     # communicator hashes use all 64 bits: number them instead of keeping them
     hit["comm_id"] = pd.factorize(hit["comm_id"])[0]
     for column in ("comm_id", "comm_rank", "peer"):
-        out.loc[hit["index"].to_numpy(), column] = pd.array(hit[column], dtype="Int64")
+        out.loc[pd.Index(hit["index"]), column] = hit[column].astype("Int64").array
     return out
 
 
@@ -116,7 +117,7 @@ def _participants(ops: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, str]:
     reach = max(int(p.max_candidates), 2 * ops["rank"].nunique())
     parts, methods = [], []
     if with_comm.any():
-        parts.append(nccl_participants.by_communicator(ops[with_comm]))
+        parts.append(participants_by_communicator(ops[with_comm]))
         methods.append("NCCL communicator payloads")
     if (~with_comm).any():
         parts.append(nccl_participants.by_position(ops[~with_comm], p.match_tolerance_ns, p.match_tolerance_share,
@@ -200,17 +201,18 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     heads = np.flatnonzero(hit & (parent < 0))
     links = pd.DataFrame({"op": np.flatnonzero(hit & (parent >= 0))})
     links["root"] = root[links["op"].to_numpy()]
-    chain_of = {int(r): g["op"].tolist() for r, g in links.groupby("root")}  # one entry per episode
+    chain_of = {as_int(r): [int(c) for c in g["op"]] for r, g in links.groupby("root")}  # one entry per episode
     graded = []
     for i in heads:  # one iteration per reported episode
         b, prev = ops.iloc[i], ops.iloc[ai[i]]
-        late = int(st["late_rank_of_a"].iat[i])
+        late = as_int(st["late_rank_of_a"].iat[int(i)])
         lost = int(impact[i])
-        off = int(b["offset"])
+        off = as_int(b["offset"])
         participants = sorted({int(r) for r in ops["rank"].to_numpy()[edges.loc[edges["i"] == i, "j"].to_numpy()]})
-        cascade = [{"rank": int(ops["rank"].iat[c]), "kernel": str(ops["short_name"].iat[c]),
-                    "correlation_id": _int(ops["correlation_id"].iat[c]), "start_ns": int(ops["start_ns"].iat[c]),
-                    "lost_ns": int(impact[c])} for c in chain_of.get(int(i), [])]  # fmt: skip
+        cascade = [{"rank": as_int(ops["rank"].iat[c]), "kernel": str(ops["short_name"].iat[c]),
+                    "correlation_id": as_optional_int(ops["correlation_id"].iat[c]),
+                    "start_ns": as_int(ops["start_ns"].iat[c]), "lost_ns": int(impact[c])}
+                   for c in chain_of.get(int(i), [])]  # fmt: skip
         readiness = {"device": "device: the event its stream waited on",
                      "launch": "launch call return (no event wait gated this op)",
                      "launch_only": "launch call return (no cudaEventRecord rows in this capture: record them with "
@@ -222,7 +224,7 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
             title=(
                 f"{b['short_name']} on rank {int(b['rank'])} waited {lost / 1e3:.0f} us behind "
                 f"{prev['short_name']}, which was waiting for late rank {late}"
-            ),  # fmt: skip
+            ),
             advice=(
                 f"NCCL runs a stream's (and a communicator's) operations in order, so the op queued behind the one "
                 f"waiting for rank {late} waited too, although it and its peers were ready. Put operations with "
@@ -242,7 +244,7 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                 "stream": int(b["stream"]),
                 "blocked_op": {
                     "kernel": str(b["short_name"]),
-                    "correlation_id": _int(b["correlation_id"]),
+                    "correlation_id": as_optional_int(b["correlation_id"]),
                     "ready_ns": int(b["ready"]) - off,
                     "start_ns": int(b["start_ns"]),
                     "participants": participants,
@@ -250,7 +252,7 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                 "readiness": readiness,
                 "blocking_op": {
                     "kernel": str(prev["short_name"]),
-                    "correlation_id": _int(prev["correlation_id"]),
+                    "correlation_id": as_optional_int(prev["correlation_id"]),
                     "start_ns": int(prev["start_ns"]),
                     "end_ns": int(prev["end_ns"]),
                     "waited_for_peer_ns": int(a_wait[i]),
@@ -258,13 +260,9 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                 "late_rank": late,
                 "participants_from": method,
                 "share_of_run": share_text(lost, run),
-            },  # fmt: skip
+            },
         )
         if cascade:
             finding.evidence["cascade"] = cascade
         graded.append((finding, run))
     return grade(graded, p)
-
-
-def _int(value: object) -> int | None:
-    return None if pd.isna(value) else int(value)

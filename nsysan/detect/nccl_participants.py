@@ -6,10 +6,11 @@ operations end within microseconds of each other.
 
 Two sources, best first:
 
-1. **Communicator and sequence** (``by_communicator``): when NCCL's NVTX payloads give each call
-   its communicator (and, for point-to-point, its peer), the n-th operation of a communicator on
-   one rank is the n-th on every member; the n-th send from a to b pairs with the n-th receive of
-   b from a.
+1. **Communicator and sequence** (:func:`nsysan.ingest.nccl.participants_by_communicator`): when
+   NCCL's NVTX payloads give each call its communicator (and, for point-to-point, its peer), the
+   n-th operation of a communicator on one rank is the n-th on every member; the n-th send from a
+   to b pairs with the n-th receive of b from a. That is NCCL's own rule, so it lives with the rest
+   of nsysan's NCCL knowledge.
 2. **Program position** (``by_position``): a training job runs the same sequence of operations
    every iteration. A *slot* is (rank, stream, position among that stream's NCCL kernels in the
    iteration, kernel name). Two slots on different ranks are one operation's participants when
@@ -20,6 +21,10 @@ Two sources, best first:
    ranges named like ``step 12`` / ``iteration 12`` / ``ProfilerStep#12`` on the launching
    process; without them the whole capture is one iteration and one agreement has to do (the
    report says which source was used).
+
+Program position is an inference with the ordering detector's tolerances (end-time tolerance,
+iterations that must agree, how many neighbours to examine), not a fact about NCCL, so it stays
+here with the detector that sets them.
 """
 
 from __future__ import annotations
@@ -29,10 +34,10 @@ import re
 import numpy as np
 import pandas as pd
 
+from nsysan.ingest.nccl import EDGE_COLUMNS
 from nsysan.ingest.trace import Trace
 
 STEP = re.compile(r"(?i)(?:step|iter(?:ation)?)\D{0,3}(\d+)")
-EDGE_COLUMNS = ["i", "j"]
 _P2P_MARGIN_NS = 2_000
 
 
@@ -130,29 +135,3 @@ def _one_partner_for_p2p(links: pd.DataFrame, cand: pd.DataFrame, ops: pd.DataFr
     best = best[clear]
     mutual = best.merge(best[["si", "sj"]].rename(columns={"si": "sj", "sj": "si"}), on=["si", "sj"])
     return pd.concat([links[~is_p2p], mutual], ignore_index=True)
-
-
-def by_communicator(ops: pd.DataFrame) -> pd.DataFrame:
-    """Participant edges (i, j) from NCCL's payloads: ``ops`` with comm_id, comm_rank, peer (the
-    peer's rank in the communicator, point-to-point only), rank, and a_start. Ops without a
-    communicator are left out."""
-    known = ops.dropna(subset=["comm_id"])
-    if known.empty:
-        return pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")
-    known = known.sort_values("a_start", kind="stable")
-    p2p = known["peer"].notna()
-    coll = known[~p2p].assign(seq=lambda d: d.groupby(["rank", "comm_id"]).cumcount())
-    coll = coll.reset_index()[["index", "rank", "comm_id", "seq"]]
-    edges = coll.merge(coll, on=["comm_id", "seq"], suffixes=("_i", "_j"))
-    edges = edges[edges["rank_i"] != edges["rank_j"]].rename(columns={"index_i": "i", "index_j": "j"})
-    parts = [edges[EDGE_COLUMNS]]
-    pts = known[p2p].copy()
-    if len(pts):
-        pts["peer"] = pts["peer"].astype("int64")
-        pts["me"] = pts["comm_rank"]
-        pts["seq"] = pts.groupby(["rank", "comm_id", "peer"]).cumcount()
-        pts = pts.reset_index()[["index", "comm_id", "me", "peer", "seq"]]
-        pe = pts.merge(pts, left_on=["comm_id", "me", "peer", "seq"], right_on=["comm_id", "peer", "me", "seq"],
-                       suffixes=("_i", "_j"))  # fmt: skip
-        parts.append(pe.rename(columns={"index_i": "i", "index_j": "j"})[EDGE_COLUMNS])
-    return pd.concat(parts, ignore_index=True).astype("int64")

@@ -29,7 +29,7 @@ class DetectorSpec:
 _REGISTRY: dict[str, DetectorSpec] = {}
 
 
-def param(default: float, help: str) -> Any:  # noqa: A002 - mirrors argparse's name
+def param(default: float, help: str) -> Any:
     """A detector parameter: its default and what it controls (shown by ``nsysan detectors``)."""
     return dataclasses.field(default=default, metadata={"help": help})
 
@@ -71,7 +71,7 @@ def parse_settings(items: Iterable[str]) -> dict[str, dict[str, float]]:
             raise InputError(f"--set {item!r}: {value!r} is not a number") from None
         if not math.isfinite(number) or number < 0:
             raise InputError(f"--set {item!r}: needs a finite number >= 0")
-        settings.setdefault(kind, {})[name] = type(fields[name].default)(number)
+        settings.setdefault(kind, {})[name] = int(number) if isinstance(fields[name].default, int) else number
     return settings
 
 

@@ -44,8 +44,8 @@ def load_side(arg: str, *, settings: dict[str, dict[str, float]] | None = None,
             raise InputError(f"{arg}: a JSON report without the diff profile; write it again with this nsysan "
                              "(`nsysan report TRACE --format json`)")  # fmt: skip
         return doc
+    from nsysan.analysis import analyse
     from nsysan.ingest import load_trace
-    from nsysan.report import analyse
 
     manifest = read_manifest(arg)
     with load_trace([arg]) as trace:

@@ -76,7 +76,7 @@ def _steps(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
     """Per rank: steps, median and p90 step time before and after; the slowest rank's median
     (the job waits for it) with the confidence that the change is more than step-to-step noise."""
     pb, pa = b["steps"]["per_rank"], a["steps"]["per_rank"]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in sorted(set(pb) | set(pa), key=int):
         sb, sa = _stats(pb.get(r, {}).get("step_ns", [])), _stats(pa.get(r, {}).get("step_ns", []))
         rows.append({"rank": int(r), "before": sb, "after": sa, "median": _delta(sb["median_ns"], sa["median_ns"]),
@@ -87,8 +87,13 @@ def _steps(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
         return (max(known)[1], max(known)[0]) if known else (None, None)
 
     (rb, vb), (ra, va) = slowest("before"), slowest("after")
-    pool = lambda p: [x for v in p.values() for x in v["step_ns"]]  # noqa: E731
-    repeated = lambda p: any(len(v["step_ns"]) > 1 for v in p.values())  # noqa: E731 - one step a rank: no step-to-step spread
+
+    def pool(p: dict[str, Any]) -> list[float]:
+        return [x for v in p.values() for x in v["step_ns"]]
+
+    def repeated(p: dict[str, Any]) -> bool:
+        return any(len(v["step_ns"]) > 1 for v in p.values())
+
     worse = confidence_greater(pool(pb), pool(pa)) if repeated(pb) and repeated(pa) else None
     change = _delta(vb, va)
     return {
@@ -101,7 +106,7 @@ def _steps(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
             **change,
             "confidence": _direction(worse, change["delta"]),
             "confidence_worse": worse,
-        },  # fmt: skip
+        },
     }
 
 
@@ -170,7 +175,7 @@ def _identity(f: dict[str, Any]) -> str | None:
     if f.get("group"):
         return "|".join(p for p in f["group"].split("|") if not _VOLATILE.match(p))
     ev = f.get("evidence") or {}
-    blocked = ev.get("blocked_op") if isinstance(ev.get("blocked_op"), dict) else {}
+    blocked = ev["blocked_op"] if isinstance(ev.get("blocked_op"), dict) else {}
     parts = [ev.get("short_name") or ev.get("kernel") or blocked.get("kernel"),
              ev.get("operation") or ev.get("op") or ev.get("communication_class"), ev.get("late_rank", ev.get("peer"))]  # fmt: skip
     if all(p is None for p in parts):
@@ -211,7 +216,10 @@ def _findings(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
             pairs.append((i, j, how))
             unmatched_a.remove(j)
     matched_b = {i for i, _, _ in pairs}
-    brief = lambda g: {k: v for k, v in g.items() if k != "identity"}  # noqa: E731
+
+    def brief(g: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in g.items() if k != "identity"}
+
     unchanged = [{**brief(ga[j]), "matched_by": how, "before": brief(gb[i]), "impact": _delta(gb[i]["impact_ns"], ga[j]["impact_ns"]),
                   "severity_before": gb[i]["severity"]} for i, j, how in pairs]  # fmt: skip
     return {
@@ -233,17 +241,19 @@ def _capture(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
     from ``manifest.json`` when given, else from what the exports recorded."""
     cb, ca = b["profile"]["capture"], a["profile"]["capture"]
     mb, ma = b.get("capture") or {}, a.get("capture") or {}
-    env = lambda m, c: {
-        k: v
-        for k, v in (m.get("environment") or c["environment"]).items()  # noqa: E731
-        if k.startswith(("NCCL_", "CUDA_", "TORCH_"))
-    }
-    cmd = lambda m, c: m.get("command") or c["command"]  # noqa: E731
-    opts = lambda m, c: (
-        {"argv": " ".join(m["nsys_argv"][2 : len(m["nsys_argv"]) - len(m.get("command") or [])])}  # noqa: E731
-        if m.get("nsys_argv")
-        else c["options"]
-    )
+
+    def env(m: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+        environment = m.get("environment") or c["environment"]
+        return {k: v for k, v in environment.items() if k.startswith(("NCCL_", "CUDA_", "TORCH_"))}
+
+    def cmd(m: dict[str, Any], c: dict[str, Any]) -> Any:
+        return m.get("command") or c["command"]
+
+    def opts(m: dict[str, Any], c: dict[str, Any]) -> Any:
+        if not m.get("nsys_argv"):
+            return c["options"]
+        return {"argv": " ".join(m["nsys_argv"][2 : len(m["nsys_argv"]) - len(m.get("command") or [])])}
+
     command = (
         []
         if cmd(mb, cb) == cmd(ma, ca)
@@ -304,7 +314,7 @@ def comparability(b: dict[str, Any], a: dict[str, Any]) -> tuple[list[str], list
 def diff_documents(before: dict[str, Any], after: dict[str, Any], *, labels: tuple[str, str] = ("before", "after"),
                    top: int = TOP_KERNELS) -> dict[str, Any]:  # fmt: skip
     """The diff document (docs/diff.md): every figure of two profiled report documents side by side."""
-    for label, doc in zip(labels, (before, after)):
+    for label, doc in zip(labels, (before, after), strict=True):
         if not isinstance(doc.get("profile"), dict):
             raise InputError(f"{label}: a report without a diff profile; write it with `nsysan report --format json` "
                              f"from nsysan {__version__} or later")  # fmt: skip
@@ -350,7 +360,7 @@ def metric_change(diff: dict[str, Any], before: dict[str, Any], after: dict[str,
         if s["before"] is None or s["after"] is None:
             raise InputError(
                 "--metric step: no step time in "
-                + " and ".join(l for l, p in (("before", pb), ("after", pa)) if not p["steps"]["per_rank"])
+                + " and ".join(side for side, p in (("before", pb), ("after", pa)) if not p["steps"]["per_rank"])
                 + " (name NVTX ranges `step N` or give --step-pattern; or gate on --metric busy|nccl)"
             )
         return {"metric": "step", "unit": "ns", "before": s["before"], "after": s["after"], "worse_pct": s["pct"],
@@ -375,13 +385,17 @@ def metric_change(diff: dict[str, Any], before: dict[str, Any], after: dict[str,
                 "worse_pct": _pct(vb, va), "confidence_worse": worse}  # fmt: skip
     if metric.startswith("kernel:") and metric[7:]:
         name = metric[7:]
-        pick = lambda p: [
-            k for k in p["kernels"] if name in (k["short_name"], k["signature"]) or name in k["signature"]
-        ]  # noqa: E731
+
+        def pick(p: dict[str, Any]) -> list[dict[str, Any]]:
+            return [k for k in p["kernels"] if name in (k["short_name"], k["signature"]) or name in k["signature"]]
+
         kb, ka = pick(pb), pick(pa)
         if not kb and not ka:
             raise InputError(f"--metric {metric}: no kernel named {name!r} in either capture")
-        steps = lambda p: sum(len(v["step_ns"]) for v in p["steps"]["per_rank"].values())  # noqa: E731
+
+        def steps(p: dict[str, Any]) -> int:
+            return sum(len(v["step_ns"]) for v in p["steps"]["per_rank"].values())
+
         nb, na = steps(pb), steps(pa)
         vb, va = float(sum(k["total_ns"] for k in kb)), float(sum(k["total_ns"] for k in ka))
         if nb and na:  # per step, so captures of different lengths compare

@@ -14,9 +14,10 @@ import pandas as pd
 
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.frames import NVTX_RANGE_TYPES
+from nsysan.ingest.nccl import attach_nccl_bytes, is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import union_ns
-from nsysan.overview import attach_nccl_bytes, copy_table
+from nsysan.overview import copy_table
 
 PROFILE_VERSION = 1
 DEFAULT_STEP_PATTERN = r"^\s*(train[_ ]?)?(step|iter|iteration)\b"
@@ -52,7 +53,7 @@ def _kernels(trace: Trace) -> pd.DataFrame:
     codes = keys.groupby(["name", "grid", "block"], sort=False).ngroup().to_numpy()
     first = keys.drop_duplicates()
     shapes = np.array(
-        [f"grid {_grid(g)} block {_block(b)}" for g, b in zip(first["grid"], first["block"])], dtype=object
+        [f"grid {_grid(g)} block {_block(b)}" for g, b in zip(first["grid"], first["block"], strict=True)], dtype=object
     )
     labels = first["name"].to_numpy(dtype=object) + " | " + shapes
     return k.assign(signature=pd.Categorical.from_codes(codes, categories=pd.Index(labels)), shape=shapes[codes])
@@ -62,7 +63,7 @@ def kernel_table(k: pd.DataFrame) -> list[dict[str, Any]]:
     """Every kernel signature (demangled name, grid, block) with its count and total time."""
     if k.empty:
         return []
-    d = k.assign(dur=k["end_ns"] - k["start_ns"], nccl=k["nccl_kind"].notna())
+    d = k.assign(dur=k["end_ns"] - k["start_ns"], nccl=is_communication(k))
     g = d.groupby("signature", observed=True, sort=False).agg(
         short_name=("short_name", "first"), shape=("shape", "first"), nccl=("nccl", "first"),
         count=("dur", "size"), total_ns=("dur", "sum"),
@@ -73,7 +74,7 @@ def kernel_table(k: pd.DataFrame) -> list[dict[str, Any]]:
     return [
         {"signature": s, "short_name": n, "shape": sh, "nccl": bool(c), "count": int(cnt), "total_ns": int(t)}
         for s, n, sh, c, cnt, t in zip(
-            g["signature"], g["short_name"], g["shape"], g["nccl"], g["count"], g["total_ns"]
+            g["signature"], g["short_name"], g["shape"], g["nccl"], g["count"], g["total_ns"], strict=True
         )
     ]
 
@@ -123,7 +124,7 @@ def _sequence_steps(k: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     """Steps from a repeating kernel sequence: per rank, the compute kernels (NCCL ones run on
     other streams and interleave) in start order, the period of their signatures, and one anchor
     kernel that occurs once per period; a step is one anchor start to the next."""
-    compute = k[k["nccl_kind"].isna()] if len(k) else k
+    compute = k[~is_communication(k)] if len(k) else k
     rows, anchors = [], []
     for rank, g in compute.sort_values(["rank", "start_ns"], kind="stable").groupby("rank"):
         codes, uniques = pd.factorize(g["signature"])
@@ -144,7 +145,7 @@ def _sequence_steps(k: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
         regular = np.diff(idx) == p  # a missing or extra kernel breaks that step: leave it out
         if regular.sum() < 2:
             continue
-        rows.append(pd.DataFrame({"rank": int(rank), "start_ns": starts[:-1][regular], "end_ns": starts[1:][regular]}))
+        rows.append(pd.DataFrame({"rank": int(rank), "start_ns": starts[:-1][regular], "end_ns": starts[1:][regular]}))  # type: ignore[arg-type]  # key of the int64 rank column
         first = int(idx[0])
         anchors.append(
             f"{g['short_name'].iloc[first]} ({g['shape'].iloc[first]}) "
@@ -160,19 +161,12 @@ def _per_step(trace: Trace, k: pd.DataFrame, steps: pd.DataFrame) -> dict[str, d
     inside the step (searchsorted into the rank's step windows)."""
     out: dict[str, dict[str, list[float]]] = {}
     activity = _activity(trace, k)
-    nccl = k[k["nccl_kind"].notna()] if len(k) else k
+    nccl = k[is_communication(k)] if len(k) else k
     for rank, s in steps.groupby("rank"):
         s = s.sort_values("start_ns")
         starts, ends = s["start_ns"].to_numpy(), s["end_ns"].to_numpy()
         length = ends - starts
-
-        def window(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-            f = frame[frame["rank"] == rank]
-            i = np.searchsorted(starts, f["start_ns"].to_numpy(), side="right") - 1
-            ok = (i >= 0) & (f["start_ns"].to_numpy() < ends[i.clip(0)])
-            return f[ok], i[ok]
-
-        a, ia = window(activity)
+        a, ia = _in_steps(activity, rank, starts, ends)
         devices = max(a["device"].nunique(), 1)
         busy = union_ns(a.assign(step=ia), ["step", "device"])
         busy = (
@@ -180,18 +174,26 @@ def _per_step(trace: Trace, k: pd.DataFrame, steps: pd.DataFrame) -> dict[str, d
             if len(busy)
             else pd.Series(0, index=range(len(s)))
         )
-        n, i_n = window(nccl)
+        n, i_n = _in_steps(nccl, rank, starts, ends)
         nccl_ns = (
             np.bincount(i_n, weights=(n["end_ns"] - n["start_ns"]).to_numpy(), minlength=len(s))
             if len(n)
             else np.zeros(len(s))
         )
-        out[str(int(rank))] = {
+        out[str(int(rank))] = {  # type: ignore[arg-type]  # key of the int64 rank column
             "step_ns": length.astype(float).tolist(),
             "busy_pct": (100.0 * busy.to_numpy() / np.maximum(length * devices, 1)).round(3).tolist(),
             "nccl_ns": nccl_ns.tolist(),
         }
     return out
+
+
+def _in_steps(frame: pd.DataFrame, rank: Any, starts: np.ndarray, ends: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """The rank's rows of ``frame`` that start inside one of its steps, and that step's index."""
+    f = frame[frame["rank"] == rank]
+    i = np.searchsorted(starts, f["start_ns"].to_numpy(), side="right") - 1
+    ok = (i >= 0) & (f["start_ns"].to_numpy() < ends[i.clip(0)])
+    return f[ok], i[ok]
 
 
 def _activity(trace: Trace, k: pd.DataFrame) -> pd.DataFrame:
@@ -223,17 +225,17 @@ def _rank_table(trace: Trace, k: pd.DataFrame) -> list[dict[str, Any]]:
             else pd.Series(dtype="int64")
         )
 
-    nccl = k[k["nccl_kind"].notna()] if len(k) else k
+    nccl = k[is_communication(k)] if len(k) else k
     t = pd.DataFrame({"span_ns": span["last"] - span["first"], "busy_ns": busy, "kernel_ns": dur(k),
                       "nccl_ns": dur(nccl), "copy_ns": dur(m)}).fillna(0).astype("int64")  # fmt: skip
     width = t["span_ns"] * pd.Series({r: len(d) for r, d in devices.items()}).reindex(t.index, fill_value=1)
     t["idle_pct"] = (100.0 * (1 - t["busy_ns"] / width.clip(lower=1))).round(3)
-    return [{"rank": int(r), "devices": devices.get(r, []), **{c: (float(v) if c == "idle_pct" else int(v)) for c, v in row.items()}}
+    return [{"rank": int(r), "devices": devices.get(r, []), **{c: (float(v) if c == "idle_pct" else int(v)) for c, v in row.items()}}  # type: ignore[call-overload, misc]  # int64 index, str columns
             for r, row in t.iterrows()]  # fmt: skip
 
 
 def _nccl_table(trace: Trace, k: pd.DataFrame) -> list[dict[str, Any]]:
-    nccl = k[k["nccl_kind"].notna()] if len(k) else k
+    nccl = k[is_communication(k)] if len(k) else k
     if nccl.empty:
         return []
     sized = attach_nccl_bytes(
@@ -247,7 +249,7 @@ def _nccl_table(trace: Trace, k: pd.DataFrame) -> list[dict[str, Any]]:
         .reset_index()
     )
     return [{"kind": str(a), "op": str(o), "bytes": b, "count": int(c), "total_ns": int(t)}
-            for a, o, b, c, t in zip(g["nccl_kind"], g["nccl_op"], g["bytes"], g["count"], g["total_ns"])]  # fmt: skip
+            for a, o, b, c, t in zip(g["nccl_kind"], g["nccl_op"], g["bytes"], g["count"], g["total_ns"], strict=True)]  # fmt: skip
 
 
 def _capture(trace: Trace) -> dict[str, Any]:
@@ -260,7 +262,7 @@ def _capture(trace: Trace) -> dict[str, Any]:
         with NsysExport(e.path) as x:
             if {"name", "value"} <= set(x.columns("META_DATA_CAPTURE")):
                 rows = x.query("SELECT name, value FROM META_DATA_CAPTURE")
-                for name, value in zip(rows["name"].astype(str), rows["value"].astype(str)):
+                for name, value in zip(rows["name"].astype(str), rows["value"].astype(str), strict=True):
                     if name == "PROCESS_0:COMMAND" or re.fullmatch(r"PROCESS_0:ARGUMENT_\d+", name):
                         if not options.get("_command_done"):
                             command.append(value)
@@ -307,8 +309,8 @@ def build_profile(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN,
         copies = [{k: r[k] for k in ("copy_kind", "count", "bytes", "total_ns")} for r in summary["copies"]]
     else:
         nccl = _nccl_table(trace, k)
-        copies = [{"copy_kind": str(r.copy_kind), "count": int(r.count), "bytes": int(r.bytes), "total_ns": int(r.total_ns)}
-                  for r in copy_table(trace).itertuples()]  # fmt: skip
+        copies = [{"copy_kind": str(r["copy_kind"]), "count": int(r["count"]), "bytes": int(r["bytes"]),
+                   "total_ns": int(r["total_ns"])} for r in copy_table(trace).to_dict("records")]  # fmt: skip
     return {
         "version": PROFILE_VERSION,
         "ranks": sorted(int(r) for r in ranks["rank"].dropna().unique()),

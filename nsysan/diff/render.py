@@ -3,7 +3,6 @@ format shows the same tables, built once by :func:`sections`."""
 
 from __future__ import annotations
 
-import html
 import io
 import json
 from collections.abc import Callable
@@ -12,11 +11,10 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from nsysan.report import format as fmt
-from nsysan.report.renderers import html_table, markdown_table, print_table
+import nsysan.report.format as fmt
+from nsysan.report.renderers import print_table
 from nsysan.report.sections import Table
-
-FORMATS = ("terminal", "json", "markdown", "html")
+from nsysan.report.templating import render
 
 
 def _num(v: Any, unit: str) -> str:
@@ -96,13 +94,16 @@ def sections(doc: dict[str, Any]) -> list[Table]:
                       for r in doc["copies"]], empty="no copies"))  # fmt: skip
     k = doc["kernels"]
     kernel_headers = ("kernel", "grid / block", "count", "total before", "total after", "Δ", "Δ %", "mean per call")
-    krow = lambda r: (
-        r["short_name"],
-        r["shape"].replace("grid ", "").replace(" block ", " / "),  # noqa: E731
-        f"{_num(r['count']['before'], '')} → {_num(r['count']['after'], '')}",
-        *_cells(r["total_ns"], "ns"),
-        change(r["mean_ns"]) if r["mean_ns"]["before"] and r["mean_ns"]["after"] else "-",
-    )
+
+    def krow(r: dict[str, Any]) -> tuple[str, ...]:
+        return (
+            r["short_name"],
+            r["shape"].replace("grid ", "").replace(" block ", " / "),
+            f"{_num(r['count']['before'], '')} → {_num(r['count']['after'], '')}",
+            *_cells(r["total_ns"], "ns"),
+            change(r["mean_ns"]) if r["mean_ns"]["before"] and r["mean_ns"]["after"] else "-",
+        )
+
     out.append(
         Table("Kernel regressions (by total time)", kernel_headers, [krow(r) for r in k["regressions"]], empty="none")
     )
@@ -113,7 +114,10 @@ def sections(doc: dict[str, Any]) -> list[Table]:
                      [("appeared", *krow(r)) for r in k["appeared"]] + [("vanished", *krow(r)) for r in k["vanished"]],
                      empty="the same kernel signatures ran in both"))  # fmt: skip
     f = doc["findings"]
-    frow = lambda state, g, d: (state, g["severity"], g["kind"], g["title"], f"{g['count']}", d)  # noqa: E731
+
+    def frow(state: str, g: dict[str, Any], impact: str) -> tuple[str, ...]:
+        return state, g["severity"], g["kind"], g["title"], f"{g['count']}", impact
+
     rows = [frow("fixed", g, fmt.duration(g["impact_ns"]) + " → 0") for g in f["fixed"]]
     rows += [frow("new", g, "0 → " + fmt.duration(g["impact_ns"])) for g in f["new"]]
     rows += [frow("unchanged", g, change(g["impact"]) + f" (by {g['matched_by']})") for g in f["unchanged"]]
@@ -161,26 +165,23 @@ def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = 
     return buf.getvalue()
 
 
+def _template_context(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the Markdown and HTML templates show: the same lines and tables as the terminal diff."""
+    return {
+        "before": doc["before"]["label"],
+        "after": doc["after"]["label"],
+        "headline": headline(doc),
+        "notes": notes(doc),
+        "tables": sections(doc),
+    }
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
-    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
-    out = ["# nsysan diff", "", f"`{doc['before']['label']}` → `{doc['after']['label']}`: **{headline(doc)}**", ""]
-    out += [f"- {esc(line)}" for line in notes(doc)] + [""]
-    for t in sections(doc):
-        out += markdown_table(t)
-    return "\n".join(out) + "\n"
+    return render("diff.md", **_template_context(doc))
 
 
 def render_html(doc: dict[str, Any]) -> str:
-    e = html.escape
-    out = ["<!doctype html>", "<html><head><meta charset='utf-8'><title>nsysan diff</title>",
-           "<style>body{font-family:system-ui,sans-serif;margin:2rem}table{border-collapse:collapse;margin:.5rem 0 1.5rem}"
-           "td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:left;font-size:.9rem}th{background:#f3f3f3}</style>",
-           "</head><body>", "<h1>nsysan diff</h1>",
-           f"<p>{e(doc['before']['label'])} → {e(doc['after']['label'])}: <b>{e(headline(doc))}</b></p><ul>"]  # fmt: skip
-    out += [f"<li>{e(line)}</li>" for line in notes(doc)] + ["</ul>"]
-    for t in sections(doc):
-        out += html_table(t)
-    return "\n".join(out + ["</body></html>"]) + "\n"
+    return render("diff.html", **_template_context(doc))
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {

@@ -192,21 +192,23 @@ class NsysExport:
         """
         try:
             dbapi = self._connection().connection.dbapi_connection
+            assert dbapi is not None, "an open SQLAlchemy connection holds its DBAPI connection"
             if self._replace_bad_utf8:
                 dbapi.text_factory = _lenient_text
             cursor = dbapi.cursor()
             try:
                 cursor.execute(sql, params)
                 names = [d[0] for d in cursor.description]
-                parts: list = []
+                blocks: list[np.ndarray] = []  # integers=True: one int64 block per chunk
+                chunks: list[pd.DataFrame] = []
                 while rows := cursor.fetchmany(INT_CHUNK_ROWS if integers else CHUNK_ROWS):
                     if integers:
                         try:
-                            parts.append(np.array(rows, dtype=np.int64))
+                            blocks.append(np.array(rows, dtype=np.int64))
                             continue
                         except (TypeError, ValueError, OverflowError):
                             return self.query(sql, params)
-                    parts.append(pd.DataFrame.from_records(rows, columns=names, coerce_float=False))
+                    chunks.append(pd.DataFrame.from_records(rows, columns=names, coerce_float=False))
             finally:
                 cursor.close()
         except (sa.exc.DatabaseError, sqlite3.DatabaseError) as exc:
@@ -216,13 +218,13 @@ class NsysExport:
                 self.dropped[("", "Text with bytes that are not UTF-8 is shown with replacement characters")] = 1
                 return self.query(sql, params, integers=integers)
             raise self._corrupt(exc) from None
-        if not parts:
+        if not blocks and not chunks:
             return pd.DataFrame({n: pd.Series(dtype="int64" if integers else "object") for n in names})
-        if integers:
-            block = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if blocks:
+            block = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
             block = block.reshape(-1, len(names))
             return pd.DataFrame({n: np.ascontiguousarray(block[:, i]) for i, n in enumerate(names)}, copy=False)
-        return parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
+        return chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
 
     def scalar(self, sql: str, params: tuple[object, ...] = ()) -> object:
         try:
@@ -235,17 +237,11 @@ class NsysExport:
             return False
         return bool(self.scalar(f"SELECT EXISTS (SELECT 1 FROM {table})"))
 
-    @functools.cached_property
-    def has_cuda_data(self) -> bool:
-        """Whether any CUDA activity table holds rows (``--lazy=false`` exports hold empty ones)."""
-        from nsysan.ingest.tables import CUDA_ROLES, find_table
-
-        return any(self.has_rows(find_table(self, role)) for role in CUDA_ROLES)
-
     def count(self, table: str) -> int:
         if not self.has_table(table):
             return 0
-        return int(self.scalar(f"SELECT count(*) FROM {table}") or 0)
+        rows = self.scalar(f"SELECT count(*) FROM {table}")
+        return rows if isinstance(rows, int) else 0
 
     def dropped_counts(self) -> Counter[tuple[str, str]]:
         """(what, reason) -> rows left out or repaired so far, all tables together."""
@@ -308,7 +304,7 @@ class NsysExport:
         for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
             if self.has_columns(table, "name", "value"):
                 df = self.query(f"SELECT CAST(name AS TEXT) AS name, CAST(value AS TEXT) AS value FROM {table}")
-                values.update(zip(df["name"].fillna("").astype(str), df["value"].fillna("").astype(str)))
+                values.update(zip(df["name"].fillna("").astype(str), df["value"].fillna("").astype(str), strict=True))
         start = None
         if self.has_columns("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"):
             value = self.scalar("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1")
@@ -348,14 +344,15 @@ def object_ints(col: pd.Series) -> pd.Series:
     REALs as their integer, text, BLOBs and other REALs as NA. Only damaged columns get here."""
     kinds = col.map(type)
     out = pd.Series(pd.NA, index=col.index, dtype="Int64")
-    is_int = kinds.eq(int).to_numpy()
+    is_int = kinds.isin([int]).to_numpy()
     if is_int.any():
         out[is_int] = pd.array(col[is_int].tolist(), dtype="Int64")
-    is_float = kinds.eq(float).to_numpy()
+    is_float = kinds.isin([float]).to_numpy()
     if is_float.any():
         f = col[is_float].astype("float64")
+        v = f.to_numpy()
         with np.errstate(invalid="ignore"):
-            whole = (np.isfinite(f) & (f % 1 == 0) & (f.abs() < 2.0**63)).to_numpy()
+            whole = np.isfinite(v) & (v % 1 == 0) & (np.abs(v) < 2.0**63)
         out[np.flatnonzero(is_float)[whole]] = f[whole].astype("int64").to_numpy()
     return out
 
@@ -379,7 +376,7 @@ def _whole_ids(ids: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 def _categorical_from_ids(ids: pd.Series, lookup: pd.Series) -> pd.Categorical:
     if lookup.empty:  # string categories even when none resolve, so exports concatenate
-        return pd.Categorical.from_codes(np.full(len(ids), -1), categories=np.array([], dtype=str))
+        return pd.Categorical.from_codes(np.full(len(ids), -1), categories=pd.Index(np.array([], dtype=str)))
     lookup = lookup[~lookup.index.duplicated()]
     categories, cat_codes = np.unique(lookup.to_numpy(dtype=object).astype(str), return_inverse=True)
     order = np.argsort(lookup.index.to_numpy())
@@ -390,4 +387,4 @@ def _categorical_from_ids(ids: pd.Series, lookup: pd.Series) -> pd.Categorical:
     pos = np.clip(pos, 0, len(sorted_ids) - 1)
     found = (sorted_ids[pos] == filled) & ~missing
     codes = np.where(found, sorted_codes[pos], -1)
-    return pd.Categorical.from_codes(codes, categories=categories)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(categories))

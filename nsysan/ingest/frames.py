@@ -1,10 +1,12 @@
 """Tidy pandas frames read from one export.
 
-Each ``read_*`` function returns one frame with nsysan's column names (snake_case, times in
-``_ns``), strings resolved through ``StringIds`` into categoricals, and ``globalTid`` /
-``globalPid`` decoded into ``pid`` / ``tid``. Only the columns listed here are read, so memory
-grows with these columns, not with the file. A table the export lacks gives an empty frame
-with the same columns.
+:data:`FRAMES` says, per frame, which tables it comes from and each column's name, SQL source,
+kind and whether a row needs it; :func:`read_frame` reads any of them the same way: nsysan's
+column names (snake_case, times in ``_ns``), strings resolved through ``StringIds`` into
+categoricals, ``globalTid`` / ``globalPid`` decoded into ``pid`` / ``tid``, enum ids labelled,
+rows with unusable timestamps left out and counted. Only the columns listed there are read, so
+memory grows with these columns, not with the file. A table the export lacks gives an empty
+frame with the same columns.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 import pandas as pd
@@ -86,10 +89,21 @@ _END_BEFORE_START = "with end before start"
 _FULL_RANGE = frozenset({"int64", "uint64"})
 
 
+def _column_times(columns: Mapping[str, Source]) -> dict[str, str]:
+    """The time columns read straight from a table column (computed ones are not judged), in
+    the order of _TIME_COLUMNS: the order of the reasons a row is dropped for."""
+    found = {}
+    for out in _TIME_COLUMNS:
+        src = columns.get(out)
+        if isinstance(src, str):
+            found[out] = src
+    return found
+
+
 def _valid_times(columns: Mapping[str, Source], required: tuple[str, ...]) -> str:
     """The SQL condition a row's timestamps must meet (see _time_checks), written for speed: it is
     evaluated on every row of every read, so each column costs a type test and two comparisons."""
-    cols = {out: _ident(columns[out]) for out in _TIME_COLUMNS if isinstance(columns.get(out), str)}
+    cols = {out: _ident(src) for out, src in _column_times(columns).items()}
     parts = []
     for out, c in cols.items():
         low = cols["start_ns"] if out == "end_ns" and "start_ns" in cols else "0"
@@ -107,7 +121,7 @@ def _time_checks(columns: Mapping[str, Source], required: tuple[str, ...]) -> li
     column the reader requires may not be NULL; an optional one (an NVTX mark's end) may. Every
     condition is written so that it is never NULL itself, so ``NOT (...)`` finds the failures.
     """
-    cols = {out: columns[out] for out in _TIME_COLUMNS if isinstance(columns.get(out), str)}
+    cols = _column_times(columns)
     checks = []
     for out, src in cols.items():
         c = _ident(src)
@@ -147,7 +161,7 @@ def _audit(x: NsysExport, table: str, checks: list[tuple[str, str]], valid: str)
     reason = "CASE " + " ".join(f"WHEN NOT {c} THEN {i}" for i, (c, _) in enumerate(checks)) + " END"
     df = x.query(f"SELECT {reason} AS r, count(*) AS n FROM {table} WHERE NOT ({valid}) GROUP BY r", integers=True)
     noun = _ROW_NOUNS.get(table, f"rows of {table}")
-    for r, n in zip(df["r"].tolist(), df["n"].tolist()):
+    for r, n in zip(df["r"].tolist(), df["n"].tolist(), strict=True):
         counts[(noun, checks[int(r)][1] + " ignored")] += int(n)
 
 
@@ -335,62 +349,100 @@ def _as_int(col: pd.Series, present: bool) -> pd.Series:
     return col.astype("int64")
 
 
-def _label_enum(x: NsysExport, enum_table: str, ids: pd.Series, fallback: Mapping[int, str]) -> pd.Categorical:
+def _label_enum(x: NsysExport, enum_table: str, ids: pd.Series, fallback: Mapping[int, str]) -> pd.Categorical[str]:
     enum = x.enum(enum_table)
     labels = dict(fallback)
-    labels.update(zip(enum["id"].astype("int64"), enum["label"].astype(str)))
+    labels.update(zip(enum["id"].astype("int64"), enum["label"].astype(str), strict=True))
     return pd.Categorical(pd.to_numeric(ids, errors="coerce").map(labels))
 
 
-def _resolve(df: pd.DataFrame, x: NsysExport, out: str) -> None:
-    df[out] = x.resolve(df[out])
+# -- what each frame is: one declarative table ------------------------------------------------------
 
+
+class Kind(Enum):
+    """How a column's SQL value becomes its tidy value."""
+
+    INT = "int"  # int64, or nullable Int64 where some rows have no whole int64
+    REAL = "real"  # a number as SQLite stored it
+    TEXT = "text"  # text, as pandas reads it
+    OBJECT = "object"  # text as Python objects (str or NA), never pandas' string dtype
+    STRING = "string"  # a StringIds id, resolved to a categorical of its text
+    PID = "pid"  # a globalPid/globalTid, decoded to the process id
+    TID = "tid"  # a globalTid, decoded to the thread id
+    LABEL = "label"  # an enum id, labelled through an ENUM_* table (categorical)
+
+
+_READ_AS_INT = frozenset({Kind.INT, Kind.STRING, Kind.PID, Kind.TID, Kind.LABEL})
+
+
+@dataclass(frozen=True)
+class Column:
+    """One tidy column: its name, where SQL finds it, its kind, and whether a row needs it.
+
+    A row missing a required time is left out and counted; a table missing a required column
+    gives no rows. ``labels`` (for :attr:`Kind.LABEL`): the ENUM_* table and the labels to use
+    where an export lacks it.
+    """
+
+    name: str
+    source: Source
+    kind: Kind = Kind.INT
+    required: bool = False
+    labels: tuple[str, Mapping[int, str]] | None = None
+
+
+Finish = Callable[[NsysExport, str | None, pd.DataFrame], pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """How one frame is read: the table roles it comes from (one part each, concatenated in this
+    order), its columns in output order, and what no column kind says.
+
+    ``role_column``/``table_column``: a categorical column naming each row's table role / table
+    ("" when absent). ``ordered``: rows in table (rowid) order, so columns read at different times
+    line up. ``finish``: what is left for one frame alone (NVTX domains, kernel name placeholders).
+    """
+
+    roles: tuple[str, ...]
+    columns: tuple[Column, ...]
+    role_column: str | None = None
+    table_column: str | None = None
+    ordered: bool = False
+    finish: Finish | None = None
+
+    @property
+    def sources(self) -> dict[str, Source]:
+        return {c.name: c.source for c in self.columns}
+
+    @property
+    def times(self) -> dict[str, Source]:
+        """The time columns every read of this frame judges, whichever columns it reads."""
+        return {c.name: c.source for c in self.columns if c.name in _TIME_COLUMNS}
+
+
+def _int(name: str, source: Source, required: bool = False) -> Column:
+    return Column(name, source, Kind.INT, required)
+
+
+# Shared column groups: a CUDA activity record's place and a thread's identity.
+_DEVICE_PLACE = (
+    Column("pid", "globalPid", Kind.PID), _int("device", "deviceId"), _int("context", "contextId"),
+    _int("stream", "streamId"), _int("correlation_id", "correlationId"),
+)  # fmt: skip
+_THREAD = (Column("pid", "globalTid", Kind.PID), Column("tid", "globalTid", Kind.TID))
+_START_END = (_int("start_ns", "start", required=True), _int("end_ns", "end", required=True))
 
 # A kernel's launch shape packed into one int64 each, computed by SQLite: grouping "the same
 # kernel" by (name, grid, block) then reads two columns instead of six (see unpack_shape).
 _GRID = Expr("gridX * 4294967296 + gridY * 65536 + gridZ", frozenset({"gridX", "gridY", "gridZ"}))
 _BLOCK = Expr("blockX * 4194304 + blockY * 2048 + blockZ", frozenset({"blockX", "blockY", "blockZ"}))
 
-KERNEL_SOURCES: dict[str, Source] = {
-    "pid": "globalPid", "device": "deviceId", "context": "contextId", "stream": "streamId",
-    "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
-    "name": "demangledName", "short_name": "shortName",
-    "grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ",
-    "block_x": "blockX", "block_y": "blockY", "block_z": "blockZ",
-    "grid": _GRID, "block": _BLOCK,
-    "graph_node_id": "graphNodeId", "graph_id": "graphId",
-}  # fmt: skip
-
-
-def unpack_shape(grid: int, block: int) -> tuple[list[int], list[int]]:
-    """The packed ``grid`` and ``block`` columns back to [x, y, z] each."""
-    grid, block = int(grid), int(block)
-    return [grid >> 32, (grid >> 16) & 0xFFFF, grid & 0xFFFF], [block >> 22, (block >> 11) & 0x7FF, block & 0x7FF]
-
-
-def read_kernels(x: NsysExport, columns: Iterable[str] | None = None) -> pd.DataFrame:
-    """Kernels, all tidy columns or just ``columns``; rows always in table (rowid) order, so
-    columns read at different times line up."""
-    table = find_table(x, "kernels")
-    wanted = set(KERNEL_SOURCES if columns is None else columns)
-    cols = {out: src for out, src in KERNEL_SOURCES.items() if out in wanted}
-    # Every read checks the same timestamps, so columns read at different times keep the same rows.
-    times = {c: KERNEL_SOURCES[c] for c in ("start_ns", "end_ns")}
-    required = ("start_ns", "end_ns") + (("short_name",) if "short_name" in cols else ())
-    df = _select(x, table, cols, required=required, ints=tuple(cols), where="ORDER BY rowid", times=times)
-    if "pid" in df:
-        df["pid"] = decode_pid(df["pid"])
-    if "short_name" in df:
-        _resolve(df, x, "short_name")
-        df["short_name"] = _named(x, df["short_name"])
-    if "name" in df:
-        if table is None or x.has_columns(table, "demangledName"):
-            _resolve(df, x, "name")
-            df["name"] = _named(x, df["name"])
-        else:  # very old exports: the short name is all there is
-            df["name"] = read_kernels(x, ["short_name"])["short_name"].to_numpy()
-    return df
-
+_COPY_KIND = {0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 8: "Device-to-Device",
+              9: "Host-to-Host", 10: "Peer-to-Peer"}  # fmt: skip
+_MEM_KIND = {0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed"}
+# CUPTI's values, for exports without the enum table (stable since CUPTI 9)
+_SYNC_TYPE = {1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"}
 
 NO_NAME = "<no name>"
 
@@ -409,65 +461,15 @@ def _named(x: NsysExport, names: pd.Series) -> pd.Categorical:
     return cat.fillna(NO_NAME)
 
 
-_COPY_KIND = {0: "Unknown", 1: "Host-to-Device", 2: "Device-to-Host", 8: "Device-to-Device",
-              9: "Host-to-Host", 10: "Peer-to-Peer"}  # fmt: skip
-_MEM_KIND = {0: "Unknown", 1: "Pageable", 2: "Pinned", 3: "Device", 4: "Array", 5: "Managed"}
-
-
-def read_memcpy(x: NsysExport) -> pd.DataFrame:
-    table = find_table(x, "memcpy")
-    cols = {
-        "pid": "globalPid", "device": "deviceId", "context": "contextId", "stream": "streamId",
-        "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
-        "bytes": "bytes", "copy_kind": "copyKind", "src_kind": "srcKind", "dst_kind": "dstKind",
-        "src_device": "srcDeviceId", "dst_device": "dstDeviceId", "graph_node_id": "graphNodeId",
-    }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "end_ns", "bytes"), ints=tuple(cols))
-    df["pid"] = decode_pid(df["pid"])
-    df["copy_kind"] = _label_enum(x, "ENUM_CUDA_MEMCPY_OPER", df["copy_kind"], _COPY_KIND)
-    df["src_kind"] = _label_enum(x, "ENUM_CUDA_MEM_KIND", df["src_kind"], _MEM_KIND)
-    df["dst_kind"] = _label_enum(x, "ENUM_CUDA_MEM_KIND", df["dst_kind"], _MEM_KIND)
-    return df
-
-
-def read_memset(x: NsysExport) -> pd.DataFrame:
-    table = find_table(x, "memset")
-    cols = {
-        "pid": "globalPid", "device": "deviceId", "context": "contextId", "stream": "streamId",
-        "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
-        "bytes": "bytes", "value": "value", "graph_node_id": "graphNodeId",
-    }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
-    df["pid"] = decode_pid(df["pid"])
-    return df
-
-
-def read_cuda_api(x: NsysExport, correlation_ids: np.ndarray | None = None) -> pd.DataFrame:
-    """CUDA runtime and driver calls in one frame; ``api`` says which.
-
-    With ``correlation_ids``, only the calls with those ids are read (SQLite filters them, so a
-    million launch calls never reach Python to find the few that launched NCCL kernels).
-    """
-    where, params = "", ()
-    if correlation_ids is not None:
-        where = "WHERE correlationId IN (SELECT value FROM json_each(?))"
-        ids = pd.unique(pd.Series(correlation_ids).dropna().astype("int64"))
-        params = (json.dumps(ids.tolist()),)
-    cols = {
-        "pid": "globalTid", "tid": "globalTid", "correlation_id": "correlationId",
-        "start_ns": "start", "end_ns": "end", "name": "nameId", "return_value": "returnValue",
-    }  # fmt: skip
-    parts = []
-    for role in ("runtime", "driver"):
-        table = find_table(x, role)
-        df = _select(x, table, cols, required=("start_ns", "end_ns", "name"), ints=tuple(cols),
-                     where=where, params=params)  # fmt: skip
-        _resolve(df, x, "name")
-        df["api"] = role
-        parts.append(df)
-    df = concat_frames(parts)
-    df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    df["api"] = df["api"].astype("category")
+def _finish_kernels(x: NsysExport, table: str | None, df: pd.DataFrame) -> pd.DataFrame:
+    """Names never missing; very old exports have no demangled name: the short name is all there is."""
+    if "short_name" in df:
+        df["short_name"] = _named(x, df["short_name"])
+    if "name" in df:
+        if table is None or x.has_columns(table, "demangledName"):
+            df["name"] = _named(x, df["name"])
+        else:
+            df["name"] = read_frame(x, "kernels", ["short_name"])["short_name"].to_numpy()
     return df
 
 
@@ -477,13 +479,15 @@ _NVTX_TYPE_NAMES = {"NvtxMark": "mark", "NvtxThread": "thread_name", "NvtxPushPo
                     "NvtxStartEndRange": "start_end", "NvtxDomainCreate": "domain_create",
                     "NvtxDomainDestroy": "domain_destroy"}  # fmt: skip
 NVTX_RANGE_TYPES = ("push_pop", "start_end")
+NVTX_COLUMNS = ("pid", "tid", "start_ns", "end_ns", "event_type", "domain", "text", "category", "payload_int",
+                "payload_float", "json")  # fmt: skip
 
 
 def nvtx_type_names(x: NsysExport) -> dict[int, str]:
     """eventType id -> nsysan's name for it, from ENUM_NSYS_EVENT_TYPE where the export has it."""
     enum = x.enum("ENUM_NSYS_EVENT_TYPE")
     names = dict(_NVTX_TYPES)
-    names.update({int(i): _NVTX_TYPE_NAMES.get(str(n), str(n)) for i, n in zip(enum["id"], enum["name"])})
+    names.update({int(i): _NVTX_TYPE_NAMES.get(str(n), str(n)) for i, n in zip(enum["id"], enum["name"], strict=True)})
     return names
 
 
@@ -492,21 +496,9 @@ def nvtx_type_ids(x: NsysExport, *kinds: str) -> list[int]:
     return sorted(i for i, name in nvtx_type_names(x).items() if name in kinds)
 
 
-def read_nvtx(x: NsysExport) -> pd.DataFrame:
-    """NVTX marks, ranges, domains and thread names, with the domain name on every row."""
-    table = find_table(x, "nvtx")
-    cols = {
-        "pid": "globalTid", "tid": "globalTid", "start_ns": "start", "end_ns": "end",
-        "event_type": "eventType", "domain_id": "domainId", "text": "text", "text_id": "textId",
-        "category": "category", "int64": "int64Value", "uint64": "uint64Value",
-        "int32": "int32Value", "uint32": "uint32Value", "double": "doubleValue",
-        "float": "floatValue", "json": "jsonText",
-    }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "event_type"),
-                 ints=("pid", "tid", "start_ns", "end_ns", "event_type", "domain_id", "text_id", "category",
-                       "int64", "uint64", "int32", "uint32"), reals=("double", "float"))  # fmt: skip
-    df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-
+def _finish_nvtx(x: NsysExport, table: str | None, df: pd.DataFrame) -> pd.DataFrame:
+    """Event types named, registered strings resolved, the domain name on every row (domain ids
+    are per process; domain-create rows carry the name), one integer and one float payload."""
     df["event_type"] = pd.Categorical(df["event_type"].map(nvtx_type_names(x)))
 
     if table and x.has_columns(table, "textId"):
@@ -516,7 +508,6 @@ def read_nvtx(x: NsysExport) -> pd.DataFrame:
         text = df["text"].astype(object)
     df["text"] = text
 
-    # Domain ids are per process; domain-create rows carry the name.
     created = df.loc[df["event_type"] == "domain_create", ["pid", "domain_id", "text"]]
     created = created.dropna(subset=["domain_id"]).drop_duplicates(["pid", "domain_id"], keep="last")
     created = created.rename(columns={"text": "domain"})
@@ -528,8 +519,7 @@ def read_nvtx(x: NsysExport) -> pd.DataFrame:
     df["payload_int"] = _first_int(df, ("int64", "uint64", "int32", "uint32"))
     floats = df[["double", "float"]].apply(pd.to_numeric, errors="coerce")
     df["payload_float"] = floats.bfill(axis=1).iloc[:, 0].astype("float64")
-    return df[["pid", "tid", "start_ns", "end_ns", "event_type", "domain", "text", "category",
-               "payload_int", "payload_float", "json"]]  # fmt: skip
+    return df[list(NVTX_COLUMNS)]
 
 
 def _first_int(df: pd.DataFrame, columns: tuple[str, ...]) -> pd.Series:
@@ -540,109 +530,187 @@ def _first_int(df: pd.DataFrame, columns: tuple[str, ...]) -> pd.Series:
     return out
 
 
-def read_overhead(x: NsysExport) -> pd.DataFrame:
-    """Profiler and CUPTI overhead rows; ``overhead_type`` is the enum label when one exists."""
-    cols = {
-        "pid": "globalTid", "tid": "globalTid", "start_ns": "start", "end_ns": "end",
-        "name": "nameId", "overhead_type": "overheadType", "correlation_id": "correlationId",
-    }  # fmt: skip
-    parts = []
-    for role in ("cupti_overhead", "profiler_overhead"):
-        table = find_table(x, role)
-        df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
-        _resolve(df, x, "name")
-        df["overhead_type"] = _label_enum(x, "ENUM_CUPTI_OVERHEAD_TYPE", df["overhead_type"], {})
-        df["source"] = table or ""
-        parts.append(df)
-    df = concat_frames(parts)
-    df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    df["overhead_type"] = df["overhead_type"].astype("category")
-    df["source"] = df["source"].astype("category")
-    return df
-
-
-def read_sync(x: NsysExport) -> pd.DataFrame:
-    table = find_table(x, "sync")
-    cols = {
-        "pid": "globalPid", "device": "deviceId", "context": "contextId", "stream": "streamId",
-        "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
-        "sync_type": "syncType", "event_id": "eventId", "event_sync_id": "eventSyncId",
-    }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
-    df["pid"] = decode_pid(df["pid"])
-    # CUPTI's values, for exports without the enum table (stable since CUPTI 9)
-    df["sync_type"] = _label_enum(
-        x,
-        "ENUM_CUPTI_SYNC_TYPE",
-        df["sync_type"],
-        {1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"},
-    )
-    return df
-
-
-def read_cuda_events(x: NsysExport) -> pd.DataFrame:
-    table = find_table(x, "cuda_events")
-    cols = {
-        "pid": "globalPid", "device": "deviceId", "context": "contextId", "stream": "streamId",
-        "correlation_id": "correlationId", "event_id": "eventId", "event_sync_id": "eventSyncId",
-        "timestamp_ns": "timestamp",
-    }  # fmt: skip
-    df = _select(x, table, cols, required=("event_id",), ints=tuple(cols))
-    df["pid"] = decode_pid(df["pid"])
-    return df
-
-
-def read_graph_nodes(x: NsysExport) -> pd.DataFrame:
-    """CUDA graph node creation/cloning records (2022.4's CUDA_GRAPH_EVENTS or the newer node table)."""
-    table = find_table(x, "graph_nodes")
-    cols = {
-        "pid": "globalTid", "tid": "globalTid", "start_ns": "start", "end_ns": "end",
-        "name": "nameId", "graph_node_id": "graphNodeId", "original_graph_node_id": "originalGraphNodeId",
-    }  # fmt: skip
-    df = _select(x, table, cols, required=("graph_node_id",), ints=tuple(cols))
-    df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    _resolve(df, x, "name")
-    return df
-
-
-def read_graph_launches(x: NsysExport) -> pd.DataFrame:
-    """Whole-graph executions (``--cuda-graph-trace=graph``): one row per launch, no node kernels."""
-    table = find_table(x, "graph_trace")
-    cols = {
-        "pid": "globalPid", "device": "deviceId", "stream": "streamId",
-        "correlation_id": "correlationId", "start_ns": "start", "end_ns": "end",
-        "graph_id": "graphId", "graph_exec_id": "graphExecId",
-    }  # fmt: skip
-    df = _select(x, table, cols, required=("start_ns", "end_ns"), ints=tuple(cols))
-    df["pid"] = decode_pid(df["pid"])
-    return df
-
-
-def read_processes(x: NsysExport) -> pd.DataFrame:
-    table = find_table(x, "processes")
-    df = _select(x, table, {"global_pid": "globalPid", "pid": "pid", "name": "name"}, ints=("global_pid", "pid"))
-    df["name"] = df["name"].astype(object)
-    return df
-
-
-def read_threads(x: NsysExport) -> pd.DataFrame:
-    table = find_table(x, "threads")
-    df = _select(x, table, {"pid": "globalTid", "tid": "globalTid", "name": "nameId"}, ints=("pid", "tid", "name"))
-    df["pid"], df["tid"] = decode_pid(df["pid"]), decode_tid(df["tid"])
-    _resolve(df, x, "name")
-    return df
-
-
-def read_gpus(x: NsysExport) -> pd.DataFrame:
-    table = find_table(x, "gpus")
-    cols = {
-        "device": "id", "name": "name", "bus_location": "busLocation", "sm_count": "smCount",
-        "total_memory": "totalMemory", "uuid": "uuid", "compute_major": "computeMajor",
-        "compute_minor": "computeMinor",
-    }  # fmt: skip
-    df = _select(x, table, cols, ints=("device", "sm_count", "total_memory", "compute_major", "compute_minor"))
-    df["name"] = df["name"].astype(object)
+def _unique_devices(x: NsysExport, table: str | None, df: pd.DataFrame) -> pd.DataFrame:
     return df.drop_duplicates("device")
+
+
+# Every frame nsysan reads from an export, keyed by the Trace attribute that holds it.
+FRAMES: dict[str, FrameSpec] = {
+    "kernels": FrameSpec(
+        ("kernels",),
+        (
+            Column("pid", "globalPid", Kind.PID), _int("device", "deviceId"), _int("context", "contextId"),
+            _int("stream", "streamId"), _int("correlation_id", "correlationId"), *_START_END,
+            Column("name", "demangledName", Kind.STRING), Column("short_name", "shortName", Kind.STRING, required=True),
+            _int("grid_x", "gridX"), _int("grid_y", "gridY"), _int("grid_z", "gridZ"),
+            _int("block_x", "blockX"), _int("block_y", "blockY"), _int("block_z", "blockZ"),
+            _int("grid", _GRID), _int("block", _BLOCK), _int("graph_node_id", "graphNodeId"),
+            _int("graph_id", "graphId"),
+        ),
+        ordered=True,
+        finish=_finish_kernels,
+    ),
+    "memcpy": FrameSpec(
+        ("memcpy",),
+        (
+            *_DEVICE_PLACE, *_START_END, _int("bytes", "bytes", required=True),
+            Column("copy_kind", "copyKind", Kind.LABEL, labels=("ENUM_CUDA_MEMCPY_OPER", _COPY_KIND)),
+            Column("src_kind", "srcKind", Kind.LABEL, labels=("ENUM_CUDA_MEM_KIND", _MEM_KIND)),
+            Column("dst_kind", "dstKind", Kind.LABEL, labels=("ENUM_CUDA_MEM_KIND", _MEM_KIND)),
+            _int("src_device", "srcDeviceId"), _int("dst_device", "dstDeviceId"), _int("graph_node_id", "graphNodeId"),
+        ),
+    ),
+    "memset": FrameSpec(
+        ("memset",),
+        (*_DEVICE_PLACE, *_START_END, _int("bytes", "bytes"), _int("value", "value"),
+         _int("graph_node_id", "graphNodeId")),
+    ),
+    # CUDA runtime and driver calls in one frame; ``api`` says which.
+    "cuda_api": FrameSpec(
+        ("runtime", "driver"),
+        (*_THREAD, _int("correlation_id", "correlationId"), *_START_END,
+         Column("name", "nameId", Kind.STRING, required=True), _int("return_value", "returnValue")),
+        role_column="api",
+    ),
+    # NVTX marks, ranges, domains and thread names, with the domain name on every row.
+    "nvtx": FrameSpec(
+        ("nvtx",),
+        (
+            *_THREAD, _int("start_ns", "start", required=True), _int("end_ns", "end"),
+            _int("event_type", "eventType", required=True), _int("domain_id", "domainId"),
+            Column("text", "text", Kind.TEXT), _int("text_id", "textId"), _int("category", "category"),
+            _int("int64", "int64Value"), _int("uint64", "uint64Value"), _int("int32", "int32Value"),
+            _int("uint32", "uint32Value"), Column("double", "doubleValue", Kind.REAL),
+            Column("float", "floatValue", Kind.REAL), Column("json", "jsonText", Kind.TEXT),
+        ),
+        finish=_finish_nvtx,
+    ),
+    # Profiler and CUPTI overhead rows; ``overhead_type`` is the enum label when one exists.
+    "overhead": FrameSpec(
+        ("cupti_overhead", "profiler_overhead"),
+        (
+            *_THREAD, *_START_END, Column("name", "nameId", Kind.STRING),
+            Column("overhead_type", "overheadType", Kind.LABEL, labels=("ENUM_CUPTI_OVERHEAD_TYPE", {})),
+            _int("correlation_id", "correlationId"),
+        ),
+        table_column="source",
+    ),
+    "sync": FrameSpec(
+        ("sync",),
+        (
+            *_DEVICE_PLACE, *_START_END,
+            Column("sync_type", "syncType", Kind.LABEL, labels=("ENUM_CUPTI_SYNC_TYPE", _SYNC_TYPE)),
+            _int("event_id", "eventId"), _int("event_sync_id", "eventSyncId"),
+        ),
+    ),
+    "cuda_events": FrameSpec(
+        ("cuda_events",),
+        (*_DEVICE_PLACE, _int("event_id", "eventId", required=True), _int("event_sync_id", "eventSyncId"),
+         _int("timestamp_ns", "timestamp")),
+    ),
+    # CUDA graph node creation/cloning records (2022.4's CUDA_GRAPH_EVENTS or the newer node table).
+    "graph_nodes": FrameSpec(
+        ("graph_nodes",),
+        (*_THREAD, _int("start_ns", "start"), _int("end_ns", "end"), Column("name", "nameId", Kind.STRING),
+         _int("graph_node_id", "graphNodeId", required=True), _int("original_graph_node_id", "originalGraphNodeId")),
+    ),
+    # Whole-graph executions (``--cuda-graph-trace=graph``): one row per launch, no node kernels.
+    "graph_launches": FrameSpec(
+        ("graph_trace",),
+        (Column("pid", "globalPid", Kind.PID), _int("device", "deviceId"), _int("stream", "streamId"),
+         _int("correlation_id", "correlationId"), *_START_END, _int("graph_id", "graphId"),
+         _int("graph_exec_id", "graphExecId")),
+    ),
+    "processes": FrameSpec(
+        ("processes",),
+        (_int("global_pid", "globalPid"), _int("pid", "pid"), Column("name", "name", Kind.OBJECT)),
+    ),
+    "threads": FrameSpec(("threads",), (*_THREAD, Column("name", "nameId", Kind.STRING))),
+    "devices": FrameSpec(
+        ("gpus",),
+        (
+            _int("device", "id"), Column("name", "name", Kind.OBJECT), Column("bus_location", "busLocation", Kind.TEXT),
+            _int("sm_count", "smCount"), _int("total_memory", "totalMemory"), Column("uuid", "uuid", Kind.TEXT),
+            _int("compute_major", "computeMajor"), _int("compute_minor", "computeMinor"),
+        ),
+        finish=_unique_devices,
+    ),
+}  # fmt: skip
+
+KERNEL_SOURCES: dict[str, Source] = FRAMES["kernels"].sources
+
+
+def unpack_shape(grid: int, block: int) -> tuple[list[int], list[int]]:
+    """The packed ``grid`` and ``block`` columns back to [x, y, z] each."""
+    grid, block = int(grid), int(block)
+    return [grid >> 32, (grid >> 16) & 0xFFFF, grid & 0xFFFF], [block >> 22, (block >> 11) & 0x7FF, block & 0x7FF]
+
+
+# -- the one reader -------------------------------------------------------------------------------
+
+
+def read_frame(
+    x: NsysExport, frame: str, columns: Iterable[str] | None = None, correlation_ids: np.ndarray | None = None
+) -> pd.DataFrame:
+    """One frame of one export, as :data:`FRAMES` describes it: all its columns or just ``columns``.
+
+    With ``correlation_ids``, only the rows with those ids are read (SQLite filters them, so a
+    million launch calls never reach Python to find the few that launched NCCL kernels).
+    """
+    spec = FRAMES[frame]
+    wanted = None if columns is None else set(columns)
+    cols = [c for c in spec.columns if wanted is None or c.name in wanted]
+    where = "ORDER BY rowid" if spec.ordered else ""
+    params: tuple[object, ...] = ()
+    if correlation_ids is not None:
+        where = f"WHERE {_ident(str(spec.sources['correlation_id']))} IN (SELECT value FROM json_each(?))"
+        ids = pd.unique(pd.Series(correlation_ids).dropna().astype("int64"))
+        params = (json.dumps(ids.tolist()),)
+    parts, tables = [], []
+    for role in spec.roles:
+        table = find_table(x, role)
+        parts.append(_read_part(x, spec, cols, table, where, params, role))
+        tables.append(table)
+    df = parts[0] if len(parts) == 1 else concat_frames(parts)
+    for tag in (spec.role_column, spec.table_column):
+        if tag is not None:
+            df[tag] = df[tag].astype("category")
+    return spec.finish(x, tables[0], df) if spec.finish else df
+
+
+def _read_part(
+    x: NsysExport,
+    spec: FrameSpec,
+    cols: list[Column],
+    table: str | None,
+    where: str,
+    params: tuple[object, ...],
+    role: str,
+) -> pd.DataFrame:
+    """The columns ``cols`` of one table, typed by their kinds."""
+    sources = {c.name: c.source for c in cols}
+    required = tuple(c.name for c in spec.columns if c.required and (c.name in sources or c.name in spec.times))
+    df = _select(
+        x, table, sources, required=required, where=where, params=params, times=spec.times,
+        ints=tuple(c.name for c in cols if c.kind in _READ_AS_INT),
+        reals=tuple(c.name for c in cols if c.kind is Kind.REAL),
+    )  # fmt: skip
+    for c in cols:
+        if c.kind is Kind.PID:
+            df[c.name] = decode_pid(df[c.name])
+        elif c.kind is Kind.TID:
+            df[c.name] = decode_tid(df[c.name])
+        elif c.kind is Kind.STRING:
+            df[c.name] = x.resolve(df[c.name])
+        elif c.kind is Kind.OBJECT:
+            df[c.name] = df[c.name].astype(object)
+        elif c.kind is Kind.LABEL and c.labels is not None:
+            df[c.name] = _label_enum(x, c.labels[0], df[c.name], c.labels[1])
+    if spec.role_column is not None:
+        df[spec.role_column] = role
+    if spec.table_column is not None:
+        df[spec.table_column] = table or ""
+    return df
 
 
 def concat_frames(parts: list[pd.DataFrame]) -> pd.DataFrame:
@@ -667,27 +735,17 @@ def _string_categorical(col: pd.Series) -> pd.Categorical:
     return pd.Categorical.from_codes(cat.codes, categories=pd.Index(cat.categories.astype(str)))
 
 
-# Each table role's timestamps as its reader checks them: (sources, the ones that may not be NULL).
-_START_END = {"start_ns": "start", "end_ns": "end"}
-_TIME_RULES: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
-    "kernels": (_START_END, ("start_ns", "end_ns")), "memcpy": (_START_END, ("start_ns", "end_ns")),
-    "memset": (_START_END, ("start_ns", "end_ns")), "runtime": (_START_END, ("start_ns", "end_ns")),
-    "driver": (_START_END, ("start_ns", "end_ns")), "nvtx": (_START_END, ("start_ns",)),
-    "cupti_overhead": (_START_END, ("start_ns", "end_ns")), "profiler_overhead": (_START_END, ("start_ns", "end_ns")),
-    "sync": (_START_END, ("start_ns", "end_ns")), "cuda_events": ({"timestamp_ns": "timestamp"}, ()),
-    "graph_nodes": (_START_END, ()), "graph_trace": (_START_END, ("start_ns", "end_ns")),
-}  # fmt: skip
-
-
 def audit_times(x: NsysExport) -> None:
     """Count the rows with unusable timestamps in every table nsysan reads, read yet or not, so the
     report can say what was ignored even in tables only a detector looked at (or none did)."""
-    for role, (sources, required) in _TIME_RULES.items():
-        table = find_table(x, role)
-        if table is None:
-            continue
-        have = {c.casefold() for c in x.columns(table)}
-        present = {out: src for out, src in sources.items() if _available(src, have)}
-        checks = _time_checks(present, required)
-        if checks:
-            _audit(x, table, checks, _valid_times(present, required))
+    for spec in FRAMES.values():
+        required = tuple(c.name for c in spec.columns if c.required and c.name in spec.times)
+        for role in spec.roles:
+            table = find_table(x, role)
+            if table is None:
+                continue
+            have = {c.casefold() for c in x.columns(table)}
+            present = {out: src for out, src in spec.times.items() if _available(src, have)}
+            checks = _time_checks(present, required)
+            if checks:
+                _audit(x, table, checks, _valid_times(present, required))

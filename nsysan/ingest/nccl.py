@@ -1,4 +1,8 @@
-"""Classify NCCL kernels from their names.
+"""What nsysan knows about NCCL: its kernels, what counts as communication, message sizes, and
+which operations on different ranks are one collective.
+
+Kernel names
+------------
 
 NCCL names its device kernels after what they do:
 
@@ -9,16 +13,25 @@ NCCL names its device kernels after what they do:
 ==========================================================  ==========================================
 
 Classification runs once per distinct name (the categories of the name column) and is mapped
-back through the codes, so it costs nothing per kernel.
+back through the codes, so it costs nothing per kernel. A kernel is *communication* when it is
+NCCL's (:func:`is_communication`); copies are judged by their copy kind where they are used.
+
+Message sizes come from NCCL's NVTX ranges around the launch call (:func:`attach_nccl_bytes`);
+cross-rank matching from NCCL's payloads (communicator, sequence, peer) is
+:func:`participants_by_communicator`.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
+from nsysan.ingest.frames import NVTX_RANGE_TYPES
+
+NCCL_DOMAIN = "NCCL"
 NCCL_COLUMNS = ("nccl_kind", "nccl_op", "nccl_reduction", "nccl_dtype", "nccl_algo", "nccl_proto")
 
 _REDUCTIONS = "Sum|Prod|Min|Max|PreMulSum|SumPostDiv|Avg"
@@ -77,8 +90,98 @@ def classify_kernels(names: pd.Series) -> pd.DataFrame:
     for i, column in enumerate(NCCL_COLUMNS):
         values = [row[i] for row in table]
         categories = sorted({v for v in values if v is not None})
-        position = {v: j for j, v in enumerate(categories)}
+        position: dict[str | None, int] = {v: j for j, v in enumerate(categories)}
         # old category code -> new code; the trailing -1 serves missing names (code -1)
         remap = np.array([position.get(v, -1) for v in values] + [-1], dtype=np.int64)
-        out[column] = pd.Categorical.from_codes(remap[codes], categories=categories)
+        out[column] = pd.Categorical.from_codes(remap[codes], categories=pd.Index(categories))
     return pd.DataFrame(out, index=names.index)
+
+
+def is_communication(kernels: pd.DataFrame) -> pd.Series:
+    """Per kernel, whether it is communication: an NCCL kernel, classified from its name."""
+    return kernels["nccl_kind"].notna()
+
+
+def is_point_to_point(kernels: pd.DataFrame) -> pd.Series:
+    """Per kernel, whether it is NCCL send/receive (one partner) rather than a collective."""
+    return kernels["nccl_kind"].astype(object).eq("p2p")
+
+
+def is_allreduce(kernels: pd.DataFrame) -> pd.Series:
+    """Per kernel, whether it is an NCCL all-reduce."""
+    return kernels["nccl_op"].astype(object).eq("AllReduce")
+
+
+class LaunchSource(Protocol):
+    """What :func:`attach_nccl_bytes` reads from a Trace (a protocol: the Trace imports this module)."""
+
+    @property
+    def nvtx(self) -> pd.DataFrame: ...
+
+    def launch_calls(self, kernels: pd.DataFrame) -> pd.DataFrame: ...
+
+
+def attach_nccl_bytes(nccl_kernels: pd.DataFrame, trace: LaunchSource) -> pd.DataFrame:
+    """Add ``nccl_api`` and ``nccl_bytes``: the NCCL-domain NVTX range around each kernel's launch.
+
+    The kernel's correlation id leads to its launch call; the NCCL API range (``ncclAllReduce``...)
+    open on that thread at that moment names the call, and its integer payload is the message
+    size. Kernels without such a range keep NA.
+    """
+    out = nccl_kernels.copy()
+    out["nccl_api"], out["nccl_bytes"] = pd.NA, pd.NA
+    nvtx = trace.nvtx
+    ranges = nvtx[(nvtx["domain"] == NCCL_DOMAIN) & nvtx["event_type"].isin(NVTX_RANGE_TYPES)] if len(nvtx) else nvtx
+    if ranges.empty:
+        return out
+    api = trace.launch_calls(out)
+    calls = (
+        out[["export", "pid", "correlation_id"]]
+        .reset_index()
+        .merge(
+            api[["export", "pid", "tid", "correlation_id", "start_ns"]].rename(columns={"start_ns": "call_ns"}),
+            on=["export", "pid", "correlation_id"],
+        )
+    )
+    if calls.empty:
+        return out
+    calls = calls.astype({"tid": "int64", "call_ns": "int64"}).sort_values("call_ns")
+    r = ranges[["export", "pid", "tid", "start_ns", "end_ns", "text", "payload_int"]].dropna(subset=["end_ns"])
+    r = r.astype({"tid": "int64", "start_ns": "int64", "end_ns": "int64"}).sort_values("start_ns")
+    hit = pd.merge_asof(
+        calls, r, left_on="call_ns", right_on="start_ns", by=["export", "pid", "tid"], direction="backward"
+    )
+    hit = hit[hit["end_ns"].notna() & (hit["end_ns"] >= hit["call_ns"])].set_index("index")
+    out.loc[hit.index, "nccl_api"] = hit["text"].astype(object)
+    out.loc[hit.index, "nccl_bytes"] = hit["payload_int"]
+    return out
+
+
+EDGE_COLUMNS = ["i", "j"]
+
+
+def participants_by_communicator(ops: pd.DataFrame) -> pd.DataFrame:
+    """Participant edges (i, j) from NCCL's payloads: the n-th operation of a communicator on one
+    rank is the n-th on every member; the n-th send from a to b pairs with the n-th receive of b
+    from a. ``ops``: comm_id, comm_rank, peer (the peer's rank in the communicator, point-to-point
+    only), rank and a_start, indexed by op id. Ops without a communicator are left out."""
+    known = ops.dropna(subset=["comm_id"])
+    if known.empty:
+        return pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")
+    known = known.sort_values("a_start", kind="stable")
+    p2p = known["peer"].notna()
+    coll = known[~p2p].assign(seq=lambda d: d.groupby(["rank", "comm_id"]).cumcount())
+    coll = coll.reset_index()[["index", "rank", "comm_id", "seq"]]
+    edges = coll.merge(coll, on=["comm_id", "seq"], suffixes=("_i", "_j"))
+    edges = edges[edges["rank_i"] != edges["rank_j"]].rename(columns={"index_i": "i", "index_j": "j"})
+    parts = [edges[EDGE_COLUMNS]]
+    pts = known[p2p].copy()
+    if len(pts):
+        pts["peer"] = pts["peer"].astype("int64")
+        pts["me"] = pts["comm_rank"]
+        pts["seq"] = pts.groupby(["rank", "comm_id", "peer"]).cumcount()
+        pts = pts.reset_index()[["index", "comm_id", "me", "peer", "seq"]]
+        pe = pts.merge(pts, left_on=["comm_id", "me", "peer", "seq"], right_on=["comm_id", "peer", "me", "seq"],
+                       suffixes=("_i", "_j"))  # fmt: skip
+        parts.append(pe.rename(columns={"index_i": "i", "index_j": "j"})[EDGE_COLUMNS])
+    return pd.concat(parts, ignore_index=True).astype("int64")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -35,6 +36,7 @@ import pandas as pd
 from nsysan.ingest import frames
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.frames import Expr
+from nsysan.ingest.nccl import NCCL_DOMAIN
 from nsysan.ingest.tables import find_table
 
 NCCL_CALL_COLUMNS = ("pid", "tid", "start_ns", "end_ns", "call", "comm_id", "bytes", "peer", "nranks", "comm_rank")
@@ -50,7 +52,6 @@ FIELD_COLUMNS = {
 _INT_COLUMNS = ("bytes", "peer", "nranks", "comm_rank")
 
 HEADER_BYTES = 32
-NCCL_DOMAIN = "NCCL"
 _API_NAME = re.compile(r"^nccl[A-Z][A-Za-z0-9_]*$")
 
 # NVTX_PAYLOAD_ENTRY_TYPE_* (nvToolsExtPayload.h) -> (bytes, signed), LP64 sizes for C long.
@@ -120,7 +121,7 @@ def _export_params(x: NsysExport) -> dict[str, str]:
     if not {"name", "value"} <= set(x.columns("META_DATA_EXPORT")):
         return {}
     df = x.query("SELECT name, value FROM META_DATA_EXPORT WHERE name LIKE 'EXPORT_PARAM_%'")
-    return dict(zip(df["name"].astype(str), df["value"].astype(str)))
+    return dict(zip(df["name"].astype(str), df["value"].astype(str), strict=True))
 
 
 def _empty() -> pd.DataFrame:
@@ -185,7 +186,7 @@ def _nccl_ranges(x: NsysExport, table: str) -> pd.DataFrame:
     created["pid"] = frames.decode_pid(created["pid"])
     created = created.dropna(subset=["domain_id"]).drop_duplicates(["pid", "domain_id"], keep="last")
 
-    cols = {
+    cols: dict[str, frames.Source] = {
         "row": Expr("rowid", frozenset()), "pid": "globalTid", "tid": "globalTid", "start_ns": "start",
         "end_ns": "end", "domain_id": "domainId", "text": "text", "text_id": "textId",
         "int64": "int64Value", "uint64": "uint64Value", "int32": "int32Value", "uint32": "uint32Value",
@@ -227,17 +228,18 @@ def _schema_entries(x: NsysExport) -> pd.DataFrame:
     df = df.drop_duplicates(["domainId", "schemaId", "idx"])
     enum_size = _enum_sizes(x)
     rows = []
-    for (domain, schema), group in df.groupby(["domainId", "schemaId"], sort=False):
+    for key, group in df.groupby(["domainId", "schemaId"], sort=False):
+        domain, schema = (int(k) for k in cast(tuple[int, int], key))
         end = 0
-        for entry in group.itertuples(index=False):
-            etype = int(entry.type) if pd.notna(entry.type) else 0
+        for entry_type, name, entry_off in group[["type", "name", "off"]].itertuples(index=False, name=None):
+            etype = int(entry_type) if pd.notna(entry_type) else 0
             if etype >= _SCHEMA_ID_STATIC_START:
-                width, signed = enum_size.get((int(domain), etype), _ENUM_BYTES), True
+                width, signed = enum_size.get((domain, etype), _ENUM_BYTES), True
             else:
                 width, signed = _ENTRY_TYPES.get(etype, (0, False))
-            off = int(entry.off) if pd.notna(entry.off) else (-(-end // width) * width if width else end)
+            off = int(entry_off) if pd.notna(entry_off) else (-(-end // width) * width if width else end)
             end = off + width
-            rows.append((int(domain), int(schema), str(entry.name), off, width, signed))
+            rows.append((domain, schema, str(name), off, width, signed))
     return pd.DataFrame(rows, columns=["domain_id", "schema_id", "name", "offset", "width", "signed"])
 
 
@@ -245,7 +247,7 @@ def _enum_sizes(x: NsysExport) -> dict[tuple[int, int], int]:
     if not {"domainId", "schemaId", "size"} <= set(x.columns("NVTX_PAYLOAD_ENUMS")):
         return {}
     df = x.query("SELECT DISTINCT domainId, schemaId, size FROM NVTX_PAYLOAD_ENUMS WHERE size IS NOT NULL")
-    return {(int(d), int(s)): int(n) for d, s, n in zip(df["domainId"], df["schemaId"], df["size"])}
+    return {(int(d), int(s)): int(n) for d, s, n in zip(df["domainId"], df["schemaId"], df["size"], strict=True)}
 
 
 def _has_nccl_schema(entries: pd.DataFrame) -> bool:
@@ -258,7 +260,7 @@ def _blobs(x: NsysExport, table: str, rows: np.ndarray) -> list[bytes]:
         f"SELECT rowid AS row, binaryData FROM {table} WHERE rowid IN (SELECT value FROM json_each(?))",
         (json.dumps([int(r) for r in rows]),),
     )
-    by_row = dict(zip(df["row"].astype("int64"), df["binaryData"]))
+    by_row = dict(zip(df["row"].astype("int64"), df["binaryData"], strict=True))
     return [_as_bytes(by_row.get(int(r))) for r in rows]
 
 
@@ -288,22 +290,25 @@ def _decode(
     room = np.maximum(lengths - HEADER_BYTES, 0).astype(np.uint64)
     valid = has_header & (size <= room)
     wanted = entries[entries["name"].isin(list(FIELD_COLUMNS))]
-    for (d, s), fields in wanted.groupby(["domain_id", "schema_id"], sort=False):
+    for key, fields in wanted.groupby(["domain_id", "schema_id"], sort=False):
+        d, s = cast(tuple[int, int], key)
         hit = valid & (domain == np.uint64(d)) & (schema == np.uint64(s))
         if not hit.any():
             continue
         idx = np.flatnonzero(hit)
-        for field in fields.itertuples(index=False):
-            column, width = FIELD_COLUMNS[field.name], int(field.width)
+        entries_of_schema = zip(fields["name"].tolist(), fields["width"].tolist(), fields["offset"].tolist(),
+                                fields["signed"].tolist(), strict=True)  # fmt: skip
+        for name, entry_width, offset, signed in entries_of_schema:
+            column, width = FIELD_COLUMNS[name], int(entry_width)
             if width not in (1, 2, 4, 8):
                 continue
-            fits = int(field.offset) + width <= size[idx].astype(np.int64)
+            fits = int(offset) + width <= size[idx].astype(np.int64)
             at = idx[fits]
-            raw = _read_uint(buf, starts[at] + HEADER_BYTES + int(field.offset), width)
+            raw = _read_uint(buf, starts[at] + HEADER_BYTES + int(offset), width)
             if column == "comm_id":
                 values[column][at] = raw
             else:
-                values[column][at] = _to_signed(raw, width) if field.signed else raw.astype(np.int64)
+                values[column][at] = _to_signed(raw, width) if signed else raw.astype(np.int64)
             known[column][at] = True
 
 
@@ -313,7 +318,8 @@ def _read_uint(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
         return np.zeros(0, dtype=np.uint64)
     take = np.clip(pos[:, None] + np.arange(width), 0, len(buf) - 1)
     shifts = (np.arange(width, dtype=np.uint64) * np.uint64(8))[None, :]
-    return np.bitwise_or.reduce(buf[take].astype(np.uint64) << shifts, axis=1)
+    values: np.ndarray = np.bitwise_or.reduce(buf[take].astype(np.uint64) << shifts, axis=1)
+    return values
 
 
 def _to_signed(raw: np.ndarray, width: int) -> np.ndarray:

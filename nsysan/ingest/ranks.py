@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from nsysan.ingest.export import NsysExport
-from nsysan.ingest.frames import decode_pid, nvtx_type_ids, read_processes
+from nsysan.ingest.frames import decode_pid, nvtx_type_ids, read_frame
 from nsysan.ingest.tables import find_table
 
 RANK_COLUMNS = ("export", "pid", "process", "rank", "local_rank", "world_size", "rank_source")
@@ -99,8 +99,8 @@ def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
         pids = active_pids(x)
         if not len(pids):
             continue
-        procs = read_processes(x).dropna(subset=["pid"])
-        names = dict(zip(procs["pid"].astype("int64"), procs["name"].fillna("").astype(str)))
+        procs = read_frame(x, "processes").dropna(subset=["pid"])
+        names = dict(zip(procs["pid"].astype("int64"), procs["name"].fillna("").astype(str), strict=True))
         hints = _nvtx_hints(x)
         texts = hints["text"].astype(str)
         hints = hints.assign(

@@ -74,3 +74,8 @@ def find_table(export: NsysExport, role: str) -> str | None:
         if cols and required <= cols and not (forbidden & cols):
             return name
     return None
+
+
+def has_cuda_data(export: NsysExport) -> bool:
+    """Whether any CUDA activity table holds rows (``--lazy=false`` exports hold empty ones)."""
+    return any(export.has_rows(find_table(export, role)) for role in CUDA_ROLES)

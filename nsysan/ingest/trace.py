@@ -1,19 +1,22 @@
 """The Trace: one distributed job, read from one or more nsys exports, as tidy frames.
 
 Frames are read on first use and cached, so a detector that needs only kernels never pays for
-NVTX. Every frame has an ``export`` column (index into :attr:`Trace.exports`); frames with a
+NVTX. What each frame's columns are, and where SQL finds them, is declared once, in
+:data:`nsysan.ingest.frames.FRAMES`; ``nccl_calls`` comes from :mod:`nsysan.ingest.nccl_calls`. Every frame has an ``export`` column (index into :attr:`Trace.exports`); frames with a
 process also carry ``rank``. Times stay in each export's own clock (``start_ns``/``end_ns``);
-:meth:`Trace.job_clock` gives the offset that puts several exports on one clock.
+:meth:`Trace.job_clock` gives the offset that puts several exports on one clock, and
+:meth:`Trace.on_job_clock` applies it to a frame.
 
 =================  ===================================================================
 frame              columns (besides ``export`` and ``rank``)
 =================  ===================================================================
 kernels            pid device context stream correlation_id start_ns end_ns name short_name
-                   grid_x..z block_x..z graph_node_id graph_id nccl_kind nccl_op
+                   grid_x..z block_x..z grid block (packed) graph_node_id graph_id nccl_kind nccl_op
                    nccl_reduction nccl_dtype nccl_algo nccl_proto
 memcpy             pid device context stream correlation_id start_ns end_ns bytes copy_kind
                    src_kind dst_kind src_device dst_device graph_node_id
 memset             pid device context stream correlation_id start_ns end_ns bytes value
+                   graph_node_id
 cuda_api           pid tid correlation_id start_ns end_ns name return_value api
 nvtx               pid tid start_ns end_ns event_type domain text category payload_int
                    payload_float json
@@ -34,9 +37,8 @@ ranks              pid process rank local_rank world_size rank_source
 from __future__ import annotations
 
 import functools
-import glob
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,50 +48,11 @@ import pandas as pd
 from nsysan.errors import InputError
 from nsysan.ingest import frames
 from nsysan.ingest.export import NsysExport
+from nsysan.ingest.inputs import expand_inputs
 from nsysan.ingest.nccl import NCCL_COLUMNS, classify_kernels
 from nsysan.ingest.nccl_calls import read_nccl_calls
 from nsysan.ingest.ranks import identify_ranks
-from nsysan.ingest.tables import find_table
-
-EXPORT_SUFFIXES = (".sqlite", ".db", ".sqlite3")
-
-
-def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] | None = None) -> list[Path]:
-    """Files as given, directories as the exports inside them, globs expanded; order kept.
-
-    Inside a directory only regular files count: a FIFO, device or socket named ``x.sqlite``
-    would block or stream forever, so it is skipped and a note appended to ``skipped``. A path
-    given by name is kept whatever it is; opening it refuses what is not a regular file.
-    """
-    paths: list[Path] = []
-    for item in inputs:
-        text = str(item)
-        path = Path(text)
-        if path.is_dir():
-            named = sorted(p for p in path.iterdir() if p.suffix.lower() in EXPORT_SUFFIXES)
-            found = [p for p in named if p.is_file()]
-            if skipped is not None:
-                skipped.extend(f"{p}: skipped, not a regular file" for p in named if not p.is_file())
-            if not found:
-                raise InputError(f"{path}: directory holds no .sqlite exports")
-            paths.extend(found)
-        elif not path.exists() and glob.has_magic(text):
-            matched = sorted(Path(p) for p in glob.glob(text))
-            if not matched:
-                raise InputError(f"{text}: pattern matches no files")
-            paths.extend(expand_inputs(matched, skipped))
-        else:
-            paths.append(path)
-    seen: set[Path] = set()
-    unique = []
-    for p in paths:
-        key = p.resolve()
-        if key not in seen:
-            seen.add(key)
-            unique.append(p)
-    if not unique:
-        raise InputError("no trace given")
-    return unique
+from nsysan.ingest.tables import find_table, has_cuda_data
 
 
 @dataclass(frozen=True)
@@ -102,6 +65,11 @@ class ExportInfo:
     has_cuda_data: bool
 
 
+_INT64_MAX = 2**63 - 1
+# Frames of the whole export, not of a process: no rank to attach.
+_WITHOUT_RANK = frozenset({"processes", "devices"})
+
+
 class Trace:
     """One job made of one or more exports. Use :func:`load_trace` to build it."""
 
@@ -109,6 +77,7 @@ class Trace:
         self._exports = exports
         self.input_notes = list(input_notes)
         self._kernel_cache: pd.DataFrame | None = None
+        self._frames: dict[str, pd.DataFrame] = {}
         self.exports = [
             ExportInfo(
                 index=i,
@@ -116,7 +85,7 @@ class Trace:
                 nsys_version=x.meta.nsys_version,
                 schema_version=x.meta.schema_version,
                 session_start_utc_ns=x.meta.session_start_utc_ns,
-                has_cuda_data=x.has_cuda_data,
+                has_cuda_data=has_cuda_data(x),
             )
             for i, x in enumerate(exports)
         ]
@@ -143,7 +112,7 @@ class Trace:
             ranks = self.ranks
             known = pd.Index(_process_key(ranks["export"], ranks["pid"]))
             where = known.get_indexer(_process_key(df["export"], df["pid"]))
-            rank = pd.array(ranks["rank"], dtype="Int64").take(where, allow_fill=True)
+            rank = ranks["rank"].astype("Int64").array.take(where, allow_fill=True)
             df["rank"] = rank
         return df
 
@@ -173,7 +142,8 @@ class Trace:
         cache = self._kernel_cache
         missing = [c for c in wanted if cache is None or c not in cache]
         if missing:
-            part = self._gather(functools.partial(frames.read_kernels, columns=missing), with_rank="pid" in missing)
+            reader = functools.partial(frames.read_frame, frame="kernels", columns=missing)
+            part = self._gather(reader, with_rank="pid" in missing)
             if "short_name" in missing:
                 nccl = classify_kernels(part["short_name"])
                 for column in nccl.columns:
@@ -184,75 +154,88 @@ class Trace:
                 for column in part.columns.difference(cache.columns):
                     cache[column] = part[column].array
             self._kernel_cache = cache
+        assert cache is not None, "kernel_columns needs at least one kernel column"
         derived = (["rank"] if "pid" in wanted else []) + (list(NCCL_COLUMNS) if "short_name" in wanted else [])
         return cache[["export", *wanted, *derived]]
 
-    @functools.cached_property
+    def _frame(self, name: str) -> pd.DataFrame:
+        """A frame of :data:`~nsysan.ingest.frames.FRAMES` (or ``nccl_calls``), read on first use and kept."""
+        if name not in self._frames:
+            reader = read_nccl_calls if name == "nccl_calls" else functools.partial(frames.read_frame, frame=name)
+            self._frames[name] = self._gather(reader, with_rank=name not in _WITHOUT_RANK)
+        return self._frames[name]
+
+    @property
     def memcpy(self) -> pd.DataFrame:
-        return self._gather(frames.read_memcpy)
+        return self._frame("memcpy")
 
-    @functools.cached_property
+    @property
     def memset(self) -> pd.DataFrame:
-        return self._gather(frames.read_memset)
+        return self._frame("memset")
 
-    @functools.cached_property
+    @property
     def cuda_api(self) -> pd.DataFrame:
-        return self._gather(frames.read_cuda_api)
+        return self._frame("cuda_api")
 
     def launch_calls(self, kernels: pd.DataFrame) -> pd.DataFrame:
         """The CUDA API calls that launched ``kernels``: cuda_api rows with their correlation ids.
 
         Uses the cuda_api frame when it is loaded; otherwise reads only the matching rows.
         """
-        if "cuda_api" in self.__dict__:
+        if "cuda_api" in self._frames:
             keys = kernels[["export", "pid", "correlation_id"]].drop_duplicates()
             return self.cuda_api.merge(keys, on=["export", "pid", "correlation_id"])
         ids = kernels.groupby("export")["correlation_id"].unique()
-        readers = {i: functools.partial(frames.read_cuda_api, correlation_ids=ids[i]) for i in ids.index}
-        empty = functools.partial(frames.read_cuda_api, correlation_ids=np.array([], dtype=np.int64))
-        return self._gather(lambda x: readers.get(self._exports.index(x), empty)(x))
+        none = np.array([], dtype=np.int64)
 
-    @functools.cached_property
+        def matching(x: NsysExport) -> pd.DataFrame:
+            index = self._exports.index(x)
+            wanted = ids[index] if index in ids.index else none
+            return frames.read_frame(x, "cuda_api", correlation_ids=wanted)
+
+        return self._gather(matching)
+
+    @property
     def nvtx(self) -> pd.DataFrame:
-        return self._gather(frames.read_nvtx)
+        return self._frame("nvtx")
 
-    @functools.cached_property
+    @property
     def nccl_calls(self) -> pd.DataFrame:
         """NCCL API calls from NCCL's NVTX ranges, with communicator and size where the export has
         them (see :func:`nsysan.ingest.nccl_calls.nccl_payload_status` for why they may not)."""
-        return self._gather(read_nccl_calls)
+        return self._frame("nccl_calls")
 
-    @functools.cached_property
+    @property
     def overhead(self) -> pd.DataFrame:
-        return self._gather(frames.read_overhead)
+        return self._frame("overhead")
 
-    @functools.cached_property
+    @property
     def sync(self) -> pd.DataFrame:
-        return self._gather(frames.read_sync)
+        return self._frame("sync")
 
-    @functools.cached_property
+    @property
     def cuda_events(self) -> pd.DataFrame:
-        return self._gather(frames.read_cuda_events)
+        return self._frame("cuda_events")
 
-    @functools.cached_property
+    @property
     def graph_nodes(self) -> pd.DataFrame:
-        return self._gather(frames.read_graph_nodes)
+        return self._frame("graph_nodes")
 
-    @functools.cached_property
+    @property
     def graph_launches(self) -> pd.DataFrame:
-        return self._gather(frames.read_graph_launches)
+        return self._frame("graph_launches")
 
-    @functools.cached_property
+    @property
     def processes(self) -> pd.DataFrame:
-        return self._gather(frames.read_processes, with_rank=False)
+        return self._frame("processes")
 
-    @functools.cached_property
+    @property
     def threads(self) -> pd.DataFrame:
-        return self._gather(frames.read_threads)
+        return self._frame("threads")
 
-    @functools.cached_property
+    @property
     def devices(self) -> pd.DataFrame:
-        return self._gather(frames.read_gpus, with_rank=False)
+        return self._frame("devices")
 
     def audit_times(self) -> None:
         """Judge the timestamps of every table no reader has read yet (one SQL scan each), so that
@@ -285,12 +268,32 @@ class Trace:
         starts = pd.Series([e.session_start_utc_ns for e in self.exports], dtype="Int64")
         if starts.isna().all():
             return pd.Series(0, index=starts.index, dtype="int64")
-        return (starts - starts.min()).fillna(0).astype("int64")
+        offsets: pd.Series = (starts - starts.min()).fillna(0).astype("int64")
+        return offsets
+
+    def on_job_clock(self, frame: pd.DataFrame, columns: Sequence[str] = ("start_ns", "end_ns")) -> pd.DataFrame:
+        """A copy of ``frame`` with ``columns`` moved onto the job clock: each row shifted by its
+        export's :meth:`job_clock` offset. Columns come back int64 (Int64 where a row has no time).
+
+        Offsets stay below 2**62 and readers' times below 2**56, so the sum fits; a frame built
+        otherwise is refused rather than wrapped around.
+        """
+        shift = frame["export"].map(self.job_clock()).fillna(0).astype("int64")
+        out = frame.copy()
+        for column in columns:
+            values = out[column]
+            times = values.astype("Int64") if values.isna().any() else values.astype("int64")
+            latest = times.max()
+            if len(times) and pd.notna(latest) and int(latest) > _INT64_MAX - int(shift.max()):
+                raise InputError(f"{column}: times beyond {_INT64_MAX - int(shift.max())} ns do not fit the job clock")
+            out[column] = times + shift.to_numpy()
+        return out
 
 
 def _process_key(export: pd.Series, pid: pd.Series) -> np.ndarray:
     """One int64 per (export, pid): pids fit in 24 bits."""
-    return export.to_numpy(dtype=np.int64) << 32 | pid.to_numpy(dtype=np.int64)
+    key: np.ndarray = export.to_numpy(dtype=np.int64) << 32 | pid.to_numpy(dtype=np.int64)
+    return key
 
 
 def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
@@ -305,7 +308,7 @@ def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
         for path in expand_inputs(inputs, skipped):
             x = NsysExport(path)
             exports.append(x)
-            if not x.has_cuda_data and not x.has_rows(find_table(x, "nvtx")):
+            if not has_cuda_data(x) and not x.has_rows(find_table(x, "nvtx")):
                 raise InputError(
                     f"{path}: nsys export has no CUDA activity and no NVTX events, nothing to analyse "
                     f"(nsys {x.meta.nsys_version or 'version unknown'}); capture with "

@@ -1,4 +1,4 @@
-"""Small value formatters shared by the renderers."""
+"""Small value formatters shared by the renderers, ``nsysan diff`` and the dashboard's pages."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ from typing import Any
 
 
 def duration(ns: Any) -> str:
-    """ns as the unit a person reads at a glance (1.23 ms)."""
+    """ns as the unit a person reads at a glance (1.23 ms); a whole run of 20 minutes is 1,200 s."""
     if ns is None:
         return "-"
     ns = float(ns)
+    shown = abs(float(f"{ns:.3g}"))  # the unit is chosen for the value as printed: 999.7 us is 1 ms
+    if shown >= 1e12:  # past what three significant digits of seconds show without an exponent
+        return f"{ns / 1e9:,.0f} s"
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if abs(ns) >= scale:
+        if shown >= scale:
             return f"{ns / scale:.3g} {unit}"
     return f"{ns:.0f} ns"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import io
 import json
 import shutil
@@ -14,8 +13,7 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from nsysan.report.sections import Table, finding_lines, group_headline, groups, other_occurrences, tables
-
-FORMATS = ("terminal", "json", "markdown", "html")
+from nsysan.report.templating import render
 
 
 def _headline(doc: dict[str, Any]) -> str:
@@ -37,24 +35,6 @@ def _grouped(doc: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, str]]]
             lines.insert(len(lines) - 1, ("other occurrences", "; ".join(others)))
         out.append((g["severity"], group_headline(doc, g), lines))
     return out
-
-
-def markdown_table(t: Table) -> list[str]:
-    """A titled table as Markdown lines (``|`` in cells escaped), or its empty note."""
-    if not t.rows:
-        return [f"## {t.title}", "", f"_{t.empty}_", ""]
-    esc = lambda s: s.replace("|", "\\|")  # noqa: E731
-    return [f"## {t.title}", "", "| " + " | ".join(t.headers) + " |", "|" + "---|" * len(t.headers),
-            *("| " + " | ".join(esc(v) for v in row) + " |" for row in t.rows), ""]  # fmt: skip
-
-
-def html_table(t: Table) -> list[str]:
-    """A titled table as HTML lines, every string escaped, or its empty note."""
-    e = html.escape
-    if not t.rows:
-        return [f"<h2>{e(t.title)}</h2>", f"<p><i>{e(t.empty)}</i></p>"]
-    return [f"<h2>{e(t.title)}</h2>", "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in t.headers) + "</tr>",
-            *("<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in t.rows), "</table>"]  # fmt: skip
 
 
 def print_table(console: Console, t: Table) -> None:
@@ -81,48 +61,23 @@ def _json_text(value: Any) -> str:
     return str(value)
 
 
+def _template_context(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the Markdown and HTML templates show: the same figures as the terminal report."""
+    return {
+        "version": doc["nsysan_version"],
+        "headline": _headline(doc),
+        "groups": [{"severity": s, "headline": h, "lines": lines} for s, h, lines in _grouped(doc)],
+        "tables": tables(doc),
+        "limitations": doc["summary"]["limitations"],
+    }
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
-    out = ["# nsysan report", "", f"nsysan {doc['nsysan_version']} · {_headline(doc)}", ""]
-    out += ["## Findings", ""]
-    if not doc["findings"]:
-        out += ["No findings.", ""]
-    for severity, headline, lines in _grouped(doc):
-        out += [f"### [{severity}] {headline}", ""]
-        out += [f"- **{label}**: {text}" for label, text in lines] + [""]
-    for t in tables(doc):
-        out += markdown_table(t)
-    out += ["## What this capture cannot show", ""]
-    out += [f"- {note}" for note in doc["summary"]["limitations"]] or ["Nothing noted."]
-    return "\n".join(out) + "\n"
-
-
-_CSS = (
-    "body{font-family:system-ui,sans-serif;margin:2rem;color:#222}"
-    "table{border-collapse:collapse;margin:.5rem 0 1.5rem}"
-    "td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:left;font-size:.9rem}"
-    "th{background:#f3f3f3}.critical{color:#b00020}.warning{color:#a15c00}.info{color:#0b5394}"
-)
+    return render("report.md", **_template_context(doc))
 
 
 def render_html(doc: dict[str, Any]) -> str:
-    e = html.escape
-    out = [
-        "<!doctype html>", "<html><head><meta charset='utf-8'><title>nsysan report</title>",
-        f"<style>{_CSS}</style></head><body>", "<h1>nsysan report</h1>",
-        f"<p>nsysan {e(doc['nsysan_version'])} · {e(_headline(doc))}</p>", "<h2>Findings</h2>",
-    ]  # fmt: skip
-    if not doc["findings"]:
-        out.append("<p>No findings.</p>")
-    for severity, headline, lines in _grouped(doc):
-        out.append(f"<h3 class='{e(severity)}'>[{e(severity)}] {e(headline)}</h3><ul>")
-        out += [f"<li><b>{e(label)}</b>: {e(text)}</li>" for label, text in lines]
-        out.append("</ul>")
-    for t in tables(doc):
-        out += html_table(t)
-    out.append("<h2>What this capture cannot show</h2><ul>")
-    out += [f"<li>{e(n)}</li>" for n in doc["summary"]["limitations"]] or ["<li>Nothing noted.</li>"]
-    out.append("</ul></body></html>")
-    return "\n".join(out) + "\n"
+    return render("report.html", **_template_context(doc))
 
 
 def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = False) -> str:

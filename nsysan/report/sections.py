@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from nsysan.report import format as fmt
+import nsysan.report.format as fmt
 
 
 @dataclass(frozen=True)
 class Table:
     title: str
     headers: tuple[str, ...]
-    rows: list[tuple[str, ...]]
+    rows: Sequence[tuple[str, ...]]
     empty: str = "none"
 
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 2  # 2: findings.group
+SCHEMA_VERSION = 3  # 2: findings.group; 3: comments and notes in one table, remarks
 FINDING_STATUSES = ("open", "confirmed", "false positive", "fixed")
 
 
@@ -17,7 +17,7 @@ def _now() -> dt.datetime:
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: sa.JSON, list[Any]: sa.JSON}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: sa.JSON, list[Any]: sa.JSON}
 
 
 class Meta(Base):
@@ -41,7 +41,7 @@ class TraceRecord(Base):
     summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
     registered_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
     findings: Mapped[list[FindingRecord]] = relationship(back_populates="trace", cascade="all, delete-orphan")
-    notes: Mapped[list[NoteRecord]] = relationship(back_populates="trace", cascade="all, delete-orphan")
+    remarks: Mapped[list[RemarkRecord]] = relationship(back_populates="trace", cascade="all, delete-orphan")
 
 
 class FindingRecord(Base):
@@ -65,25 +65,32 @@ class FindingRecord(Base):
     assignee: Mapped[str | None] = mapped_column(sa.String(128), default=None)
     version: Mapped[int] = mapped_column(default=1)  # optimistic concurrency: every edit names the version it saw
     trace: Mapped[TraceRecord] = relationship(back_populates="findings")
-    comments: Mapped[list[CommentRecord]] = relationship(back_populates="finding", cascade="all, delete-orphan",
-                                                         order_by="CommentRecord.id")  # fmt: skip
+    comments: Mapped[list[RemarkRecord]] = relationship(back_populates="finding", cascade="all, delete-orphan",
+                                                        order_by="RemarkRecord.id")  # fmt: skip
 
 
-class CommentRecord(Base):
-    __tablename__ = "comments"
+class RemarkRecord(Base):
+    """What a reviewer wrote: a comment on a finding, or a note on a whole trace (``kind``).
+
+    One table for both, as they are the same thing said about different subjects; every remark
+    names its trace, so a trace's remarks of either kind are one query.
+    """
+
+    __tablename__ = "remarks"
+    __table_args__ = (
+        sa.CheckConstraint(
+            "(kind = 'comment' AND finding_id IS NOT NULL) OR (kind = 'note' AND finding_id IS NULL)",
+            name="remark_kind_names_its_subject",
+        ),
+    )
     id: Mapped[int] = mapped_column(primary_key=True)
-    finding_id: Mapped[int] = mapped_column(sa.ForeignKey("findings.id", ondelete="CASCADE"), index=True)
-    author: Mapped[str] = mapped_column(sa.String(128))
-    body: Mapped[str] = mapped_column(sa.Text)
-    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
-    finding: Mapped[FindingRecord] = relationship(back_populates="comments")
-
-
-class NoteRecord(Base):
-    __tablename__ = "trace_notes"
-    id: Mapped[int] = mapped_column(primary_key=True)
+    kind: Mapped[str] = mapped_column(sa.String(16))
     trace_id: Mapped[int] = mapped_column(sa.ForeignKey("traces.id", ondelete="CASCADE"), index=True)
+    finding_id: Mapped[int | None] = mapped_column(
+        sa.ForeignKey("findings.id", ondelete="CASCADE"), index=True, default=None
+    )
     author: Mapped[str] = mapped_column(sa.String(128))
     body: Mapped[str] = mapped_column(sa.Text)
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
-    trace: Mapped[TraceRecord] = relationship(back_populates="notes")
+    trace: Mapped[TraceRecord] = relationship(back_populates="remarks")
+    finding: Mapped[FindingRecord | None] = relationship(back_populates="comments")

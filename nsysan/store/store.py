@@ -1,5 +1,9 @@
 """ReviewStore: traces, findings and the team's review of them, in a real database.
 
+The store only persists: it neither reads traces nor runs the analysis. Its callers (the
+dashboard's background queue, the tests) validate exports, analyse them and hand it the report
+document (:meth:`ReviewStore.save_analysis`).
+
 A SQLite file by default, PostgreSQL when given a URL (``postgresql+psycopg://...``); the schema is
 created on first use and its version recorded. Every edit of a finding names the version it was
 based on; an edit based on a stale version is refused (:class:`StaleEdit`), so two people editing
@@ -11,9 +15,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,10 +26,9 @@ from nsysan.store.models import (
     FINDING_STATUSES,
     SCHEMA_VERSION,
     Base,
-    CommentRecord,
     FindingRecord,
     Meta,
-    NoteRecord,
+    RemarkRecord,
     TraceRecord,
 )
 
@@ -56,19 +58,6 @@ def store_url(url_or_path: str | os.PathLike[str] | None) -> str:
     return text if "://" in text else f"sqlite:///{Path(text).resolve()}"
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """Finding groups fixed, new and unchanged (each as its worst stored finding), the slowest
-    rank's median step time, and the whole diff document (nsysan.diff, docs/diff.md)."""
-
-    fixed: list[dict[str, Any]]
-    new: list[dict[str, Any]]
-    unchanged: list[dict[str, Any]]
-    step_ns_before: float | None
-    step_ns_after: float | None
-    diff: dict[str, Any] | None = None
-
-
 class ReviewStore:
     def __init__(self, url: str | os.PathLike[str] | None = None) -> None:
         self.url = store_url(url)
@@ -94,12 +83,13 @@ class ReviewStore:
             raise StoreUnavailable(f"{shown}: cannot open the store ({_reason(exc, self.url)})") from None
 
     def _migrate(self) -> None:
-        """Create missing tables, then bring a store written by an older nsysan up to
+        """Create a new store's tables, or bring a store written by an older nsysan up to
         SCHEMA_VERSION one step at a time (:data:`MIGRATIONS`), refusing one from a newer nsysan."""
-        Base.metadata.create_all(self.engine)
+        Base.metadata.create_all(self.engine, tables=[Meta.__table__])  # type: ignore[list-item]
         with self._session.begin() as s:
             row = s.get(Meta, "schema_version")
-            if row is None:
+            if row is None:  # a new store: today's tables (an old one gains its new tables in its migrations)
+                Base.metadata.create_all(s.connection())
                 s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
                 return
             version = int(row.value)
@@ -125,43 +115,33 @@ class ReviewStore:
     # -- traces ---------------------------------------------------------------------------------
 
     def register(self, paths: Sequence[str | os.PathLike[str]], name: str | None = None) -> int:
-        """Register exports already on the server (validated as nsys exports first)."""
-        from nsysan.ingest import expand_inputs, load_trace
-
-        files = [str(p.resolve()) for p in expand_inputs(paths)]
-        with load_trace(files):  # raises a one-line InputError for anything that is not an export
-            pass
+        """Record a trace: export files on the server that the caller has already validated as nsys
+        exports (the store never opens a trace)."""
+        files = [str(Path(p).resolve()) for p in paths]
         with self._session.begin() as s:
             record = TraceRecord(name=name or Path(files[0]).stem, paths=files)
             s.add(record)
             s.flush()
             return record.id
 
-    def analyse(self, trace_id: int) -> None:
-        """Run the report on a registered trace and store its findings (replacing earlier ones)."""
-        from nsysan.ingest import load_trace
-        from nsysan.report import analyse
-
+    def start_analysis(self, trace_id: int) -> list[str]:
+        """Mark a trace as being analysed; returns its files, for the caller to analyse."""
         with self._session.begin() as s:
             record = self._trace(s, trace_id)
-            record.status, paths = "analysing", list(record.paths)
-        try:
-            with load_trace(paths) as trace:
-                doc = analyse(trace)
-                starts = [e.session_start_utc_ns for e in trace.exports if e.session_start_utc_ns]
-        except NsysanError as exc:
-            with self._session.begin() as s:
-                record = self._trace(s, trace_id)
-                record.status, record.error = "failed", str(exc)
-            raise
+            record.status = "analysing"
+            return list(record.paths)
+
+    def save_analysis(self, trace_id: int, document: dict[str, Any], captured_utc_ns: int | None = None) -> None:
+        """Store a trace's report document (``nsysan.analysis.analyse``): its findings replace the
+        earlier ones (and their comments), its summary feeds the library, and the trace is ready."""
         with self._session.begin() as s:
             record = self._trace(s, trace_id)
             record.findings.clear()
-            record.findings.extend(FindingRecord(**f) for f in doc["findings"])
-            record.summary = doc["summary"]
-            record.ranks = sorted({r for t in doc["traces"] for r in t["ranks"]})
-            record.devices = sorted({d for t in doc["traces"] for d in t["devices"]})
-            record.captured_utc_ns = min(starts) if starts else None
+            record.findings.extend(FindingRecord(**f) for f in document["findings"])
+            record.summary = document["summary"]
+            record.ranks = sorted({r for t in document["traces"] for r in t["ranks"]})
+            record.devices = sorted({d for t in document["traces"] for d in t["devices"]})
+            record.captured_utc_ns = captured_utc_ns
             record.status, record.error = "ready", None
 
     def mark_failed(self, trace_id: int, error: str) -> None:
@@ -229,7 +209,7 @@ class ReviewStore:
             record = s.get(FindingRecord, finding_id)
             if record is None:
                 raise NotFound(f"no finding {finding_id}")
-            return _finding(record) | {"comments": [_comment(c) for c in record.comments]}
+            return _finding(record) | {"comments": [_remark(c) for c in record.comments]}
 
     def update_finding(self, finding_id: int, *, based_on_version: int, status: str | None = None,
                        assignee: str | None = None) -> int:  # fmt: skip
@@ -243,10 +223,13 @@ class ReviewStore:
             changes["assignee"] = assignee.strip() or None
         with self._session.begin() as s:
             # one statement: compare-and-set on the version, atomic in SQLite and PostgreSQL alike
-            result = s.execute(
-                sa.update(FindingRecord)
-                .where(FindingRecord.id == finding_id, FindingRecord.version == based_on_version)
-                .values(**changes, version=FindingRecord.version + 1)
+            result = cast(
+                sa.CursorResult[Any],
+                s.execute(
+                    sa.update(FindingRecord)
+                    .where(FindingRecord.id == finding_id, FindingRecord.version == based_on_version)
+                    .values(**changes, version=FindingRecord.version + 1)
+                ),
             )
             if result.rowcount == 1:
                 return based_on_version + 1
@@ -259,57 +242,32 @@ class ReviewStore:
         )
 
     def comment(self, finding_id: int, author: str, body: str) -> int:
+        """Add a comment to a finding's thread."""
         if not body.strip():
             raise InputError("an empty comment")
         with self._session.begin() as s:
-            if s.get(FindingRecord, finding_id) is None:
+            finding = s.get(FindingRecord, finding_id)
+            if finding is None:
                 raise NotFound(f"no finding {finding_id}")
-            record = CommentRecord(finding_id=finding_id, author=author, body=body)
-            s.add(record)
-            s.flush()
-            return record.id
+            return self._remark(s, "comment", finding.trace_id, author, body, finding_id=finding_id)
 
     def note(self, trace_id: int, author: str, body: str) -> int:
+        """Add a note on a whole trace."""
         with self._session.begin() as s:
             self._trace(s, trace_id)
-            record = NoteRecord(trace_id=trace_id, author=author, body=body)
-            s.add(record)
-            s.flush()
-            return record.id
+            return self._remark(s, "note", trace_id, author, body)
 
     def notes(self, trace_id: int) -> list[dict[str, Any]]:
+        query = sa.select(RemarkRecord).where(RemarkRecord.trace_id == trace_id, RemarkRecord.kind == "note")
         with self.session() as s:
-            return [
-                _comment(n)
-                for n in s.scalars(sa.select(NoteRecord).where(NoteRecord.trace_id == trace_id).order_by(NoteRecord.id))
-            ]
+            return [_remark(n) for n in s.scalars(query.order_by(RemarkRecord.id))]
 
-    # -- compare --------------------------------------------------------------------------------
-
-    def compare(self, before: int, after: int) -> Comparison:
-        """Two captures of one job (before/after a fix) through ``nsysan diff``'s own comparison:
-        the stored findings matched by group and evidence, and the figures of both traces."""
-        from nsysan.diff import diff_documents, profile_files
-
-        sides = []
-        for trace_id in (before, after):
-            findings = self.findings(trace_id)
-            with self.session() as s:
-                paths = list(self._trace(s, trace_id).paths)
-            sides.append({"findings": findings, "profile": profile_files(paths)})
-        doc = diff_documents(*sides, labels=tuple(self.trace(t)["name"] for t in (before, after)))  # type: ignore[arg-type]
-        f = doc["findings"]
-        steps = doc["steps"]["slowest"]
-        return Comparison(
-            fixed=[g["worst"] | {"count": g["count"]} for g in f["fixed"]],
-            new=[g["worst"] | {"count": g["count"]} for g in f["new"]],
-            unchanged=[
-                g["worst"] | {"count": g["count"], "impact_before_ns": g["before"]["impact_ns"]} for g in f["unchanged"]
-            ],
-            step_ns_before=steps["before"],
-            step_ns_after=steps["after"],
-            diff=doc,
-        )
+    def _remark(self, s: Session, kind: str, trace_id: int, author: str, body: str,
+                finding_id: int | None = None) -> int:  # fmt: skip
+        record = RemarkRecord(kind=kind, trace_id=trace_id, finding_id=finding_id, author=author, body=body)
+        s.add(record)
+        s.flush()
+        return record.id
 
 
 def _shown(url: str) -> str:
@@ -337,8 +295,30 @@ def _add_column(conn: sa.Connection, column: sa.Column[Any]) -> None:
     )
 
 
+def _merge_comments_and_notes(conn: sa.Connection) -> None:
+    """Schema 3: a finding's comments (``comments``) and a trace's notes (``trace_notes``), two
+    tables of one shape, become the rows of ``remarks``, in their order; the old tables go."""
+    remarks = Base.metadata.tables["remarks"]
+    remarks.create(conn)
+    columns = ("kind", "trace_id", "finding_id", "author", "body", "created_at")
+    comments = sa.table("comments", *map(sa.column, ("id", "finding_id", "author", "body", "created_at")))
+    notes = sa.table("trace_notes", *map(sa.column, ("id", "trace_id", "author", "body", "created_at")))
+    findings = sa.table("findings", sa.column("id"), sa.column("trace_id"))
+    conn.execute(remarks.insert().from_select(columns, sa.select(
+        sa.literal("comment"), findings.c.trace_id, comments.c.finding_id, comments.c.author, comments.c.body,
+        comments.c.created_at,
+    ).join_from(comments, findings, comments.c.finding_id == findings.c.id).order_by(comments.c.id)))  # fmt: skip
+    conn.execute(remarks.insert().from_select(columns, sa.select(
+        sa.literal("note"), notes.c.trace_id, sa.cast(sa.null(), sa.Integer), notes.c.author, notes.c.body,
+        notes.c.created_at,
+    ).order_by(notes.c.id)))  # fmt: skip
+    for old in ("comments", "trace_notes"):
+        sa.Table(old, sa.MetaData()).drop(conn)
+
+
 MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {
     1: lambda conn: _add_column(conn, Base.metadata.tables["findings"].c["group"]),
+    2: _merge_comments_and_notes,
 }
 """Schema version -> the step that brings a store from it to the next, run in one transaction."""
 
@@ -355,5 +335,5 @@ def _finding(f: FindingRecord) -> dict[str, Any]:
                                         "impact_ns", "title", "evidence", "advice", "status", "assignee", "version")}  # fmt: skip
 
 
-def _comment(c: CommentRecord | NoteRecord) -> dict[str, Any]:
+def _remark(c: RemarkRecord) -> dict[str, Any]:
     return {"id": c.id, "author": c.author, "body": c.body, "created_at": c.created_at.isoformat()}

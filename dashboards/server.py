@@ -1,0 +1,40 @@
+"""What the pages need from the process, in one object: the store, the background analysis, the
+timelines, the limits and the users. Its own module so that the app imports the pages and the pages
+import this, never the app."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dashboards import auth
+from dashboards.analysis import AnalysisQueue, TimelineCache
+from nsysan.store import ReviewStore
+
+DEFAULT_MAX_UPLOAD_MB = 200
+
+
+@dataclass
+class Server:
+    store: ReviewStore
+    traces_dir: Path | None = None
+    uploads_dir: Path = Path("nsysan-uploads")
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_MB * 2**20
+    users: dict[str, str] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)  # why exports in traces_dir were not registered (last scan)
+    timelines: TimelineCache = field(init=False)
+    scan_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    analysis: AnalysisQueue = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.timelines = TimelineCache(self.store)
+        self.analysis = AnalysisQueue(self.store, self.timelines)
+
+    @property
+    def login_required(self) -> bool:
+        return bool(self.users)
+
+    def author(self, typed: str | None) -> str:
+        """Who is writing: the logged-in user, else the name typed in the header (no login on loopback)."""
+        return auth.current_user() or (typed or "").strip()[:64] or "anonymous"

@@ -1,0 +1,54 @@
+"""What the user named on the command line, as the export files to open.
+
+Paths, directories and glob patterns are expanded here, apart from reading, so a caller that only
+lists or validates files (the CLI's output check, the dashboard's library) needs no export open.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from nsysan.errors import InputError
+
+EXPORT_SUFFIXES = (".sqlite", ".db", ".sqlite3")
+
+
+def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] | None = None) -> list[Path]:
+    """Files as given, directories as the exports inside them, globs expanded; order kept.
+
+    Inside a directory only regular files count: a FIFO, device or socket named ``x.sqlite``
+    would block or stream forever, so it is skipped and a note appended to ``skipped``. A path
+    given by name is kept whatever it is; opening it refuses what is not a regular file.
+    """
+    paths: list[Path] = []
+    for item in inputs:
+        text = str(item)
+        path = Path(text)
+        if path.is_dir():
+            named = sorted(p for p in path.iterdir() if p.suffix.lower() in EXPORT_SUFFIXES)
+            found = [p for p in named if p.is_file()]
+            if skipped is not None:
+                skipped.extend(f"{p}: skipped, not a regular file" for p in named if not p.is_file())
+            if not found:
+                raise InputError(f"{path}: directory holds no .sqlite exports")
+            paths.extend(found)
+        elif not path.exists() and glob.has_magic(text):
+            matched = sorted(Path(p) for p in glob.glob(text))
+            if not matched:
+                raise InputError(f"{text}: pattern matches no files")
+            paths.extend(expand_inputs(matched, skipped))
+        else:
+            paths.append(path)
+    seen: set[Path] = set()
+    unique = []
+    for p in paths:
+        key = p.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(p)
+    if not unique:
+        raise InputError("no trace given")
+    return unique
