@@ -85,7 +85,7 @@ def in_browser(path: Path, repeat: int) -> None:
 
     from playwright.sync_api import sync_playwright
 
-    from dashboards.launch import ServeProcess, launch_chromium
+    from tools.browser import ServeProcess, launch_chromium
 
     with tempfile.TemporaryDirectory() as scratch:
         traces = Path(scratch) / "traces"

@@ -4,24 +4,40 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from fixtures.samples import SAMPLES_DIR, sample_paths
 from nsysan import __version__
-from nsysan.cli import app
+from nsysan.cli import app, main
 from nsysan.detect import registry
 from nsysan.findings import Finding, Severity
 
 SAMPLE = str(sample_paths("allreduce-2rank")[0])
+REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 
 
 def invoke(*args: str):
     return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """The console entry point ``nsysan.cli.main`` in this process, as the shell would run it:
+    its exit code (it always exits), stdout and stderr. A fresh process costs a Python start and
+    a pandas import; only the tests that are about the process itself pay that."""
+    monkeypatch.setattr(sys, "argv", ["nsysan", *args])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        main()
+    out, err = capsys.readouterr()
+    code = exited.value.code
+    return (0 if code is None else code if isinstance(code, int) else 1), out, err
 
 
 def test_version():
@@ -116,7 +132,8 @@ def test_fail_on_exit_code_from_the_real_command(tmp_path):
         "    return [Finding(kind='command_buffer_full', severity=Severity.CRITICAL, title='t', advice='a',"
         " start_ns=0, end_ns=1, impact_ns=1)]\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    # this checkout's nsysan, whether or not (or wherever) it is installed; the plugin beside it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     result = subprocess.run([sys.executable, "-m", "nsysan", "report", SAMPLE, "--fail-on", "critical", "-f", "json"],
                             capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert result.returncode == 3, result.stderr
@@ -124,9 +141,14 @@ def test_fail_on_exit_code_from_the_real_command(tmp_path):
     assert json.loads(result.stdout)["findings"][0]["severity"] == "critical"
 
 
-def test_python_dash_m_and_console_script_agree():
-    a = subprocess.run([sys.executable, "-m", "nsysan", "--version"], capture_output=True, text=True, timeout=60)
-    assert a.returncode == 0 and a.stdout.strip() == f"nsysan {__version__}"
+def test_python_dash_m_runs_the_console_entry_point(monkeypatch, capsys):
+    """``python -m nsysan`` is ``main()``: the real process above runs it that way; here its
+    output and exit code for --version."""
+    monkeypatch.setattr(sys, "argv", ["nsysan", "--version"])
+    monkeypatch.delitem(sys.modules, "nsysan.__main__", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("nsysan", run_name="__main__", alter_sys=True)
+    assert exited.value.code in (0, None) and capsys.readouterr().out.strip() == f"nsysan {__version__}"
 
 
 @pytest.mark.parametrize(("suffix", "starts"), [(".json", "{"), (".md", "# nsysan report"), (".html", "<!doctype html>"),
@@ -139,13 +161,12 @@ def test_the_output_suffix_chooses_the_format(tmp_path, suffix, starts):
         assert json.loads(out.read_text())["traces"][0]["path"] == SAMPLE
 
 
-def test_a_format_contradicting_the_suffix_is_refused(tmp_path):
+def test_a_format_contradicting_the_suffix_is_refused(tmp_path, monkeypatch, capsys):
     for command in (["report", SAMPLE], ["diff", SAMPLE, SAMPLE]):
         out = tmp_path / "report.json"
-        r = subprocess.run([sys.executable, "-m", "nsysan", *command, "--format", "markdown", "-o", str(out)],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-        assert "--format markdown contradicts --output" in r.stderr and not out.exists()
+        code, stdout, stderr = run_main(monkeypatch, capsys, *command, "--format", "markdown", "-o", str(out))
+        assert code == 2 and stderr.count("\n") == 1 and stdout == "", stderr
+        assert "--format markdown contradicts --output" in stderr and not out.exists()
     assert invoke("report", SAMPLE, "--format", "json", "-o", str(tmp_path / "same.json")).exit_code == 0
 
 
@@ -172,20 +193,24 @@ def test_serve_help_keeps_the_users_table_name():
     assert result.exit_code == 0 and "[users] table" in result.output
 
 
-def _serve(*args: str, hide: str = "") -> subprocess.CompletedProcess[str]:
-    """`nsysan serve` through the console entry point (its exit codes), optionally without a module."""
-    code = f"import sys; sys.modules[{hide!r}] = None; " if hide else "import sys; "
-    code += f"sys.argv = ['nsysan', 'serve', *{list(args)!r}]; from nsysan.cli import main; main()"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.parametrize(("db", "hide", "says"), [
     ("sqlite:////nonexistent/dir/x.sqlite", "", "the directory /nonexistent/dir does not exist"),
     ("postgresql+psycopg://u:secret@127.0.0.1:1/x", "psycopg", 'pip install "nsysan[postgres]"'),
     ("postgresql+psycopg://u:secret@127.0.0.1:1/x", "", "Connection refused"),
 ])  # fmt: skip
-def test_a_store_that_cannot_be_opened_is_a_user_error(db, hide, says):
-    r = _serve("--db", db, hide=hide)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith("nsysan: error: ") and says in r.stderr
-    assert "internal error" not in r.stderr and "secret" not in r.stderr
+def test_a_store_that_cannot_be_opened_is_a_user_error(monkeypatch, capsys, db, hide, says):
+    """`nsysan serve` through the console entry point (its exit codes), optionally as if a module
+    were not installed (None in sys.modules: importing it fails)."""
+    if hide:
+        for name in [m for m in sys.modules if m == hide or m.startswith(hide + ".")]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setitem(sys.modules, hide, None)
+
+    def start(*args: object) -> None:  # in this process a server that starts would never return
+        raise AssertionError("the store opened and the server started")
+
+    monkeypatch.setattr("dashboards.app.start", start, raising=False)
+    code, _, stderr = run_main(monkeypatch, capsys, "serve", "--db", db)
+    assert code == 2 and stderr.count("\n") == 1, stderr
+    assert stderr.startswith("nsysan: error: ") and says in stderr
+    assert "internal error" not in stderr and "secret" not in stderr

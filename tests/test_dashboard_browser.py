@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.launch import ServeProcess, chromium_executable, launch_chromium
 from fixtures.samples import SAMPLES_DIR
 from tests.conftest import need
+from tools.browser import ServeProcess, chromium_executable, launch_chromium
 
 
 def serve(tmp: Path, db: str, *, samples: tuple[str, ...] = ("pipeline-stall", "pipeline-stall-fixed"),

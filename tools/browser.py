@@ -1,5 +1,7 @@
 """``nsysan serve`` in a child process, and the Chromium that looks at it: one way to start both,
-shared by the browser tests, ``dashboards.screenshots`` and ``benchmarks/overview.py``."""
+shared by the browser tests, ``tools.screenshots`` and ``benchmarks/overview.py``.
+
+Test and documentation tooling, so it lives outside the ``dashboards`` package the wheel installs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Screenshots of the main pages for docs/: ``python -m dashboards.screenshots [OUT] [--big EXPORT]``.
+"""Screenshots of the main pages for docs/: ``python -m tools.screenshots [OUT] [--big EXPORT]``.
 
 Serves the bundled samples from a throw-away store, reviews one finding the way a team would
 (status, assignee, a comment, a note), and photographs each page with Debian's Chromium.
@@ -13,8 +13,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from dashboards.launch import ServeProcess, launch_chromium
 from fixtures.samples import SAMPLES_DIR
+from tools.browser import ServeProcess, launch_chromium
 
 
 def main() -> None:
