@@ -71,7 +71,10 @@ def parse_settings(items: Iterable[str]) -> dict[str, dict[str, float]]:
             raise InputError(f"--set {item!r}: {value!r} is not a number") from None
         if not math.isfinite(number) or number < 0:
             raise InputError(f"--set {item!r}: needs a finite number >= 0")
-        settings.setdefault(kind, {})[name] = int(number) if isinstance(fields[name].default, int) else number
+        whole = isinstance(fields[name].default, int)
+        if whole and not number.is_integer():
+            raise InputError(f"--set {item!r}: {kind}.{name} is a whole number")
+        settings.setdefault(kind, {})[name] = int(number) if whole else number
     return settings
 
 

@@ -9,7 +9,9 @@ NCCL names its device kernels after what they do:
 ==========================================================  ==========================================
 ``ncclDevKernel_AllReduce_Sum_f32_RING_LL``                 NCCL >= 2.19: op, reduction, type, algo, proto
 ``ncclDevKernel_SendRecv`` / ``ncclDevKernel_Generic``      point-to-point / fused group
-``ncclKernel_AllReduce_RING_LL_Sum_float``                  older NCCL: op, algo, proto, reduction, type
+``ncclKernel_AllReduce_RING_LL_Sum_float``                  NCCL 2.9-2.18: op, algo, proto, reduction, type
+``ncclAllReduceRingLLKernel_sum_f32``                       NCCL 2.4-2.8: op, algo, proto (none: SIMPLE),
+                                                            reduction (``copy``: none), type
 ==========================================================  ==========================================
 
 Classification runs once per distinct name (the categories of the name column) and is mapped
@@ -34,7 +36,7 @@ from nsysan.ingest.frames import NVTX_RANGE_TYPES
 NCCL_DOMAIN = "NCCL"
 NCCL_COLUMNS = ("nccl_kind", "nccl_op", "nccl_reduction", "nccl_dtype", "nccl_algo", "nccl_proto")
 
-_REDUCTIONS = "Sum|Prod|Min|Max|PreMulSum|SumPostDiv|Avg"
+_REDUCTIONS = "Sum|Prod|MinMax|Min|Max|PreMulSum|SumPostDiv|Avg"
 _ALGOS = "RING|TREE|COLLNET_DIRECT|COLLNET_CHAIN|COLLNET|NVLS_TREE|NVLS|PAT"
 _PROTOS = "LL128|LL|SIMPLE"
 
@@ -52,6 +54,11 @@ _OLD = re.compile(
     rf"(?:_(?P<red>{_REDUCTIONS}))?"
     rf"(?:_(?P<dtype>[A-Za-z_0-9]+))?$"
 )
+_VERY_OLD = re.compile(
+    r"^nccl(?P<op>AllReduce|AllGather|Broadcast|ReduceScatter|Reduce|SendRecv)"
+    r"(?P<algo>Ring|Tree|CollNet)?(?P<proto>LL128|LL)?Kernel_(?P<red>sum|prod|min|max|copy)_(?P<dtype>[a-z][a-z0-9]*)$"
+)
+_VERY_OLD_ALGOS = {"Ring": "RING", "Tree": "TREE", "CollNet": "COLLNET"}
 
 _DTYPES = {
     "int8_t": "i8", "uint8_t": "u8", "int32_t": "i32", "uint32_t": "u32", "int64_t": "i64",
@@ -66,6 +73,9 @@ def classify_name(name: str) -> tuple[str | None, ...]:
     base = name.split("(", 1)[0].split("<", 1)[0].strip()
     if base.startswith("void "):
         base = base[5:]
+    very_old = _VERY_OLD.match(base)
+    if very_old:
+        return _classify_very_old(very_old)
     match = _NEW.match(base) or _OLD.match(base)
     if not match:
         if base.startswith("nccl"):
@@ -79,6 +89,17 @@ def classify_name(name: str) -> tuple[str | None, ...]:
     if kind == "p2p":
         dtype = None
     return (kind, op, red, dtype, match["algo"], match["proto"])
+
+
+def _classify_very_old(match: re.Match[str]) -> tuple[str | None, ...]:
+    """NCCL 2.4-2.8: one kernel per op, algo and protocol; no protocol in the name means SIMPLE."""
+    op = match["op"]
+    if op == "SendRecv":
+        return ("p2p", op, None, None, None, None)
+    red = None if match["red"] == "copy" else match["red"].capitalize()
+    algo = _VERY_OLD_ALGOS[match["algo"]] if match["algo"] else None
+    proto = match["proto"] or ("SIMPLE" if algo else None)
+    return ("collective", op, red, match["dtype"], algo, proto)
 
 
 def classify_kernels(names: pd.Series) -> pd.DataFrame:
