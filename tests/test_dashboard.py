@@ -232,7 +232,7 @@ def test_upload_is_validated_before_anything_is_kept(server, tmp_path):
         save_upload(server, [_data_url(b"\0" * (3 * 2**20))], ["big.sqlite"])
     with pytest.raises(UploadRefused, match="not an nsys SQLite export"):
         save_upload(server, [_data_url(good)], ["report.nsys-rep"])
-    with pytest.raises(UploadRefused, match="^fake.sqlite: not an SQLite file") as refused:
+    with pytest.raises(UploadRefused, match=r"^fake\.sqlite: not an SQLite file") as refused:
         save_upload(server, [_data_url(b"hello, not a database" * 100)], ["fake.sqlite"])
     assert str(server.uploads_dir) not in str(refused.value)  # the uploader is not told our paths
     assert not any(server.uploads_dir.iterdir()) and server.store.traces() == []
