@@ -9,12 +9,19 @@ Two processes on this host, side by side in one run:
 * bandwidth (64 KiB .. 256 MiB): rank 0 posts ``count`` sends back to back, rank 1 receives them and
   answers with one small message; bytes moved over rank 0's elapsed time.
 
-Ways: ``p2p`` (the transport sending an ordinary tensor), ``p2p empty()`` (sending a tensor made by
-``transport.empty()``: the receiver copies straight out of it), ``gloo`` (``torch.distributed``
-send/recv over loopback TCP), and ``raw copy``: ``dst.copy_(src)`` of the same bytes in one process,
-the machine's memory-copy speed (the physical limit; its latency column is one copy). Every cell
-is the best of ``--repeat`` measurements; the raw copy is measured right before each size, since a
-shared machine's copy speed drifts. Targets: 4 KiB one-way <= gloo's; at 64 MiB the transport
+Ways: ``p2p`` (the transport sending an ordinary tensor, torch's default allocation: 4 KiB
+pages, which go through the sender's shared-memory pool, two pipelined copies), ``p2p THP`` (an
+ordinary tensor whose memory lies in transparent huge pages, as torch allocates with
+``THP_MEM_ALLOC_ENABLE=1``: over 1 MiB the receiver reads it straight from the sender's memory with
+``process_vm_readv``, one copy; latency sizes do not differ), ``p2p CMA 4K`` (the 4 KiB-page tensor
+read directly all the same, ``cma_pages="any"``: what the transport avoids), ``p2p empty()`` (sending a tensor
+made by ``transport.empty()``: the receiver copies straight out of it), ``gloo``
+(``torch.distributed`` send/recv over loopback TCP), and ``raw copy``: ``dst.copy_(src)`` of the
+same bytes in one process (4 KiB pages), the machine's memory-copy speed (the physical limit; its
+latency column is one copy). Every cell
+is the best of ``--repeat`` measurements; for bandwidth each round measures the raw copy and every
+way once, in turn, so the best of each come from the same minutes (a shared machine's copy speed
+drifts). Targets: 4 KiB one-way <= gloo's; at 64 MiB the transport
 >= 0.8x raw (ordinary tensors) and >= 0.9x raw (empty()), >= 3x gloo.
 """
 
@@ -24,6 +31,7 @@ import argparse
 import datetime as dt
 import json
 import multiprocessing as mp
+import os
 import socket
 import sys
 import time
@@ -34,7 +42,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 KIB, MIB = 1024, 1 << 20
 LATENCY_SIZES = [4, 64, KIB, 4 * KIB, 16 * KIB, 64 * KIB]
 BANDWIDTH_SIZES = [64 * KIB, MIB, 16 * MIB, 64 * MIB, 256 * MIB]
-WAYS = ["p2p", "p2p empty()", "gloo"]
+WAYS = ["p2p", "p2p THP", "p2p CMA 4K", "p2p empty()", "gloo"]
+LATENCY_WAYS = ["p2p", "p2p empty()", "gloo"]  # small messages: the pages of the tensor do not matter
+_KEEP: list[object] = []  # mappings behind the THP tensors
+
+
+def _thp_tensor(nbytes: int):  # -> torch.Tensor (torch is imported in the workers)
+    """An ordinary uint8 tensor in private memory advised to use transparent huge pages."""
+    import ctypes
+    import mmap
+
+    import torch
+
+    huge = 2 * MIB
+    m = mmap.mmap(-1, nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    skip = (-base) % huge
+    ctypes.CDLL(None).madvise(ctypes.c_void_p(base + skip), ctypes.c_size_t(nbytes), 14)  # MADV_HUGEPAGE
+    _KEEP.append(m)
+    return torch.frombuffer(m, dtype=torch.uint8)[skip : skip + nbytes]
 
 
 def _count(nbytes: int) -> int:
@@ -52,6 +78,9 @@ def _worker(rank: int, port: int, sizes: dict[str, list[int]], repeat: int, queu
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=dt.timedelta(seconds=300))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     t = P2PTransport(store, rank, 2, timeout=300)
+    t_cma4k = P2PTransport(
+        store, rank, 2, timeout=300, namespace="cma4k", cma_pages="any"
+    )  # direct reads of 4 KiB pages
     done = torch.zeros(1, dtype=torch.uint8)
     results = []
 
@@ -71,7 +100,7 @@ def _worker(rank: int, port: int, sizes: dict[str, list[int]], repeat: int, queu
         bufs = {"p2p": torch.ones(nbytes, dtype=torch.uint8), "p2p empty()": t.empty(nbytes, torch.uint8)}
         bufs["p2p empty()"].fill_(1)
         out = torch.empty(nbytes, dtype=torch.uint8)
-        for way in WAYS:
+        for way in LATENCY_WAYS:
             best = float("inf")
             for _ in range(repeat):
                 dist.barrier()
@@ -98,20 +127,24 @@ def _worker(rank: int, port: int, sizes: dict[str, list[int]], repeat: int, queu
             )
     for nbytes in sizes["bandwidth"]:
         count = _count(nbytes)
-        if rank == 0:
-            results.append(
-                {"kind": "bandwidth", "way": "raw copy", "bytes": nbytes, "count": count, "seconds": raw(nbytes, count)}
-            )
         bufs = {"p2p": torch.ones(nbytes, dtype=torch.uint8)}
         bufs["p2p empty()"] = t.empty(nbytes, torch.uint8) if rank == 0 else bufs["p2p"]
         bufs["p2p empty()"].fill_(1)
+        bufs["p2p THP"] = _thp_tensor(nbytes) if rank == 0 else bufs["p2p"]
+        bufs["p2p THP"].fill_(1)
+        bufs["p2p CMA 4K"] = bufs["p2p"]
         out = torch.empty(nbytes, dtype=torch.uint8)
-        for way in WAYS:
-            best = float("inf")
-            for _ in range(repeat):
+        raw_src, raw_dst = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
+        best = dict.fromkeys([*WAYS, "raw copy"], float("inf"))
+        for _ in range(repeat):  # each round measures every way once: the best of each covers the same minutes
+            for way in ["raw copy", *WAYS]:
                 dist.barrier()
                 start = time.perf_counter()
-                if way == "gloo":
+                if way == "raw copy":
+                    if rank == 0:
+                        for _ in range(count):
+                            raw_dst.copy_(raw_src)
+                elif way == "gloo":
                     if rank == 0:
                         for _ in range(count):
                             dist.send(bufs["p2p"], 1)
@@ -121,22 +154,27 @@ def _worker(rank: int, port: int, sizes: dict[str, list[int]], repeat: int, queu
                             dist.recv(out, 0)
                         dist.send(done, 0)
                 elif rank == 0:
-                    handles = [t.isend(bufs[way], 1) for _ in range(count)]
+                    tt = t_cma4k if way == "p2p CMA 4K" else t
+                    handles = [tt.isend(bufs[way], 1) for _ in range(count)]
                     for h in handles:
                         h.wait()
-                    t.irecv(done, 1, tag=1).wait()
+                    tt.irecv(done, 1, tag=1).wait()
                 else:
+                    tt = t_cma4k if way == "p2p CMA 4K" else t
                     for _ in range(count):
-                        t.irecv(out, 0).wait()
-                    t.isend(done, 0, tag=1).wait()
-                best = min(best, time.perf_counter() - start)
-            if rank == 0:
-                results.append({"kind": "bandwidth", "way": way, "bytes": nbytes, "count": count, "seconds": best})
+                        tt.irecv(out, 0).wait()
+                    tt.isend(done, 0, tag=1).wait()
+                best[way] = min(best[way], time.perf_counter() - start)
+        if rank == 0:
+            for way, seconds in best.items():
+                results.append({"kind": "bandwidth", "way": way, "bytes": nbytes, "count": count, "seconds": seconds})
         if rank == 1:
             assert bool(out.eq(1).all()), "payload corrupted"
         del bufs
+        _KEEP.clear()
     dist.barrier()
     t.close()
+    t_cma4k.close()
     dist.destroy_process_group()
     if rank == 0:
         queue.put(results)
@@ -168,38 +206,31 @@ def main() -> None:
     for r in results:
         cell.setdefault((r["kind"], r["bytes"]), {})[r["way"]] = r
     print("one-way latency (us; raw copy: one copy of the bytes)")
-    print(f"{'size':>8} | " + " | ".join(f"{w:>11}" for w in [*WAYS, "raw copy"]) + " | p2p/gloo time")
+    print(f"{'size':>8} | " + " | ".join(f"{w:>11}" for w in [*LATENCY_WAYS, "raw copy"]) + " | p2p/gloo time")
     for nbytes in sizes["latency"]:
         row = cell[("latency", nbytes)]
         us = {w: row[w]["seconds"] * 1e6 for w in row}
-        print(f"{_size(nbytes):>8} | " + " | ".join(f"{us[w]:11.1f}" for w in [*WAYS, "raw copy"])
+        print(f"{_size(nbytes):>8} | " + " | ".join(f"{us[w]:11.1f}" for w in [*LATENCY_WAYS, "raw copy"])
               + f" | {us['p2p'] / us['gloo']:13.2f}")  # fmt: skip
     print("\nbandwidth (GiB/s)")
-    print(f"{'size':>8} | " + " | ".join(f"{w:>11}" for w in [*WAYS, "raw copy"])
-          + " | p2p/raw | empty/raw | p2p/gloo | empty/gloo")  # fmt: skip
+    names = ("p2p/raw", "THP/raw", "cma4K/raw", "empty/raw", "p2p/gloo", "THP/gloo", "cma4K/gloo", "empty/gloo")
+    print(f"{'size':>8} | " + " | ".join(f"{w:>11}" for w in [*WAYS, "raw copy"]) + " | " + " | ".join(names))
     summary = {}
     for nbytes in sizes["bandwidth"]:
         row = cell[("bandwidth", nbytes)]
         g = {w: nbytes * row[w]["count"] / row[w]["seconds"] / 2**30 for w in row}
-        ratios = (
-            g["p2p"] / g["raw copy"],
-            g["p2p empty()"] / g["raw copy"],
-            g["p2p"] / g["gloo"],
-            g["p2p empty()"] / g["gloo"],
-        )
+        ratios = [
+            g[w] / g[base] for base in ("raw copy", "gloo") for w in ("p2p", "p2p THP", "p2p CMA 4K", "p2p empty()")
+        ]
         print(f"{_size(nbytes):>8} | " + " | ".join(f"{g[w]:11.2f}" for w in [*WAYS, "raw copy"])
-              + " | " + " | ".join(f"{x:{n}.2f}" for x, n in zip(ratios, (7, 9, 8, 10))))  # fmt: skip
+              + " | " + " | ".join(f"{x:{len(n)}.2f}" for x, n in zip(ratios, names, strict=True)))  # fmt: skip
         if nbytes == 64 * MIB:
-            summary = dict(
-                zip(
-                    ("p2p_over_raw", "empty_over_raw", "p2p_over_gloo", "empty_over_gloo"),
-                    (round(x, 2) for x in ratios),
-                )
-            )
+            summary = {n.replace("/", "_over_"): round(x, 2) for n, x in zip(names, ratios, strict=True)}
     lat4k = cell[("latency", 4 * KIB)]
     summary["p2p_4KiB_one_way_us"] = round(lat4k["p2p"]["seconds"] * 1e6, 1)
     summary["gloo_4KiB_one_way_us"] = round(lat4k["gloo"]["seconds"] * 1e6, 1)
     print("\ntargets: 4 KiB one-way <= gloo; at 64 MiB p2p >= 0.8x raw, empty() >= 0.9x raw, both >= 3x gloo")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(json.dumps(summary))
 
 

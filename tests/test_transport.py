@@ -307,6 +307,7 @@ def small_shm(store, rank, world, directory, rlimit):
     from nsysan.transport import P2PTransport, SharedMemoryFull
 
     os.environ["NSYSAN_P2P_SHM_DIR"] = directory
+    os.environ["NSYSAN_P2P_CMA"] = "0"  # the pool path (a direct read would need no shared memory at all)
     if rlimit and rank == 0:  # no tmpfs could be mounted: a file-size limit makes fallocate fail instead
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 20, resource.RLIM_INFINITY))

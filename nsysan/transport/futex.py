@@ -15,7 +15,8 @@ order and loads in program order, and never moves a store before an earlier load
 the release (producer: payload, then head) and acquire (consumer: head, then payload; payload read
 before tail) ordering the ring needs, so ``fence`` does nothing there. On weaker architectures
 ``fence`` is a kernel atomic read-modify-write on a private word, which the kernel surrounds with
-full barriers.
+full barriers. ``full_fence`` is that kernel atomic everywhere: a store followed by a load of
+another word (Dekker's pattern) needs it even on x86-64.
 """
 
 from __future__ import annotations
@@ -68,3 +69,6 @@ def _compiler_fence() -> None:
 
 
 fence = _compiler_fence if platform.machine().lower() in ("x86_64", "amd64") else _kernel_fence
+# a store followed by a load of another word needs a real barrier even on x86-64 (TSO lets the load
+# pass the store): the "ask for a wake-up" flag of the control ring is such a pair on both sides
+full_fence = _kernel_fence

@@ -13,9 +13,13 @@ pair, a futex doorbell per receiver). Data, by size and kind of tensor:
   segment (one copy) and answers ``DONE``, which completes the send;
 * an ordinary tensor up to one chunk (1 MiB): staged into a chunk of the sender's pre-mapped pool,
   the send completes at once, the receiver copies it out and frees the chunk;
-* bigger: request to send, the receiver's clear-to-send once a receive matched, then chunks through
-  the pool, staged by the sender while the receiver copies the previous ones (pipelined, bounded
-  memory whatever the message size).
+* bigger, in huge pages, when the receiver may read the sender's memory (probed once per pair at
+  set-up): the receiver copies straight out of the sender's tensor with ``process_vm_readv``
+  (``cma.py``, one copy) and answers ``DONE``, which completes the send (on 4 KiB pages that read
+  is slower than the pool's two pipelined copies);
+* bigger, otherwise: request to send, the receiver's clear-to-send once a receive matched, then
+  chunks through the pool, staged by the sender while the receiver copies the previous ones
+  (pipelined, bounded memory whatever the message size).
 
 The Store is used for set-up (a job token, each rank's host and pid) only. A peer whose process
 ended fails the operations pending with it with :class:`PeerDied`; one that does not do its part
@@ -27,8 +31,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import datetime as dt
 import json
+import logging
 import os
 import secrets
 import socket
@@ -42,7 +48,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from nsysan.transport import futex, ring
+from nsysan.transport import cma, futex, ring
 from nsysan.transport.cuda_ipc import CudaIpcChannel
 from nsysan.transport.errors import (
     PeerDied,
@@ -63,6 +69,8 @@ FREED = 11  # sender -> receiver: an empty() segment it was sent is gone, drop t
 _SPIN_S = 100e-6  # poll this long before sleeping on the doorbell
 _CHECK_EVERY_S = 0.05  # deadlines and peers' liveness, while something is pending
 _MAPPED_SEGMENTS = 32  # peers' empty() segments kept mapped per process
+_log = logging.getLogger("nsysan.transport")
+_cma_refusal_logged = False
 _DTYPES = [getattr(torch, n) for n in (
     "float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
     "complex64", "complex128", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
@@ -137,15 +145,32 @@ class P2PTransport:
     ``slot_bytes`` is each control ring.
     """
 
-    def __init__(self, store: object, rank: int, world_size: int, *, timeout: float = 60.0, namespace: str = "p2p",
-                 chunk_bytes: int = 1 << 20, chunks: int = 8, slots: int = 32, slot_bytes: int = 8192) -> None:  # fmt: skip
+    def __init__(self, store: Any, rank: int, world_size: int, *, timeout: float = 60.0, namespace: str = "p2p",
+                 chunk_bytes: int = 1 << 20, chunks: int = 8, slots: int = 32, slot_bytes: int = 8192,
+                 cma_bytes: int | None = None, cma_pages: str | None = None) -> None:  # fmt: skip
         """Collective: every rank creates its transport, in the same order (the n-th transport of
-        each rank talks to the n-th of the others)."""
+        each rank talks to the n-th of the others).
+
+        Ordinary CPU tensors over ``cma_bytes`` (default: one chunk) are read by the receiver straight
+        from the sender's memory where the peers allow it and (``cma_pages="huge"``, the default)
+        the tensor lies in huge pages, where that read is fast; ``cma_pages="any"`` reads tensors on
+        any pages. ``NSYSAN_P2P_CMA=0`` (or a negative ``cma_bytes``) keeps them all on the
+        shared-memory pool, ``NSYSAN_P2P_CMA=always`` means ``cma_pages="any"``."""
         if not futex.supported():
             raise TransportError(f"rank {rank}: no futex calls known for this CPU architecture")
         self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
         self.chunk_bytes, self.chunks, self.slots, self.slot_bytes = chunk_bytes, chunks, slots, slot_bytes
         self._inline = ring.inline_capacity(slot_bytes)
+        mode = os.environ.get("NSYSAN_P2P_CMA", "")
+        if cma_bytes is None:
+            cma_bytes = chunk_bytes if mode != "0" else -1
+        self.cma_bytes = cma_bytes
+        self.cma_pages = cma_pages or ("any" if mode == "always" else "huge")
+        if self.cma_pages not in ("huge", "any"):
+            raise TransportError(f"rank {rank}: cma_pages must be 'huge' or 'any', not {self.cma_pages!r}")
+        self._huge_likely = _huge_pages_likely()  # when the kernel cannot tell a tensor's pages
+        self._cma_peers: set[int] = set()  # peers that read our tensors directly
+        self._cma_watch: dict[int, cma.Watch] = {}  # peers we read from: has the process ended?
         generation = int(store.add(f"{namespace}/generation/{rank}", 1))
         self.prefix = f"{namespace}/{generation}"
         self._who = f"rank {rank}: "
@@ -180,6 +205,11 @@ class P2PTransport:
         self._buffers = 0
         self._dead: dict[int, int] = {}
         self._waiters = 0
+        self._asked_wake = False
+        self._settling = False  # closing: every acknowledgement should wake us
+        self._park = ctypes.c_uint32(0)  # the background thread sleeps on this while a user thread drives
+        self._park_addr = ctypes.addressof(self._park)
+        self._parked = False
         self._next_check = 0.0
 
         if rank == 0:
@@ -193,7 +223,9 @@ class P2PTransport:
         self._bell = self._inbox_bytes[:4].view(np.uint32)
         self._bell_addr = self._inbox_bytes.ctypes.data
         self.host = os.environ.get("NSYSAN_P2P_HOST") or socket.gethostname()
-        me = {"host": self.host, "pid": os.getpid(), "pidns": _pid_namespace()}
+        # what a peer reads to find out whether it may read our memory (cross-memory attach)
+        self._probe = ctypes.create_string_buffer(f"nsysan-p2p {token} rank {rank}".encode())
+        me = {"host": self.host, "pid": os.getpid(), "pidns": _pid_namespace(), "probe": ctypes.addressof(self._probe)}
         store.set(f"{self.prefix}/host/{rank}", json.dumps(me))
         keys = [f"{self.prefix}/host/{r}" for r in range(world_size)]
         try:
@@ -221,6 +253,7 @@ class P2PTransport:
         self._writers: dict[int, ring.RingWriter] = {}
         self._peer_inboxes: dict[int, tuple[Segment, np.ndarray]] = {}
         self._bells: dict[int, int] = {}
+        readable: list[int] = []
         try:
             for r in self._local:
                 seg = Segment(f"{self._files}{r}-inbox", size, create=False, owner=self._who)
@@ -228,11 +261,57 @@ class P2PTransport:
                 self._peer_inboxes[r] = (seg, view)
                 self._writers[r] = ring.RingWriter(view, rank, slots, slot_bytes)
                 self._bells[r] = view.ctypes.data
+            readable = self._probe_peers(peers, token)
         finally:
+            store.set(f"{self.prefix}/cma/{rank}", json.dumps(readable))
             self._barrier("mapped")
             self._inbox.unlink()  # every peer maps it now: the name can go, nothing is left behind on a crash
+        for r in self._local if self.cma_bytes >= 0 else ():  # the peers that will read our tensors themselves
+            if rank in json.loads(store.get(f"{self.prefix}/cma/{r}")):
+                self._cma_peers.add(r)
+        if self._cma_peers and self.cma_pages == "huge" and not self._huge_likely:
+            _log.info(
+                "%sordinary tensors over %d bytes in huge pages are read straight from this process's memory "
+                "(one copy); on 4 KiB pages that read is slow, so they go through the shared-memory pool "
+                "(two copies): start the ranks with THP_MEM_ALLOC_ENABLE=1 (torch then allocates tensors of "
+                "2 MiB or more in transparent huge pages)",
+                self._who, self.cma_bytes,
+            )  # fmt: skip
         self._thread = threading.Thread(target=self._background, name="nsysan-p2p progress", daemon=True)
         self._thread.start()
+
+    def _probe_peers(self, peers: dict[int, dict[str, Any]], token: str) -> list[int]:
+        """The local peers whose memory we may read (``process_vm_readv`` of their probe bytes works);
+        a refusal is logged once per process and that pair keeps the shared-memory path."""
+        global _cma_refusal_logged
+        if self.cma_bytes < 0:
+            return []
+        readable = []
+        for r in self._local:
+            if r not in self._pids or "probe" not in peers[r]:
+                continue  # another pid namespace: its pid means nothing here
+            why = cma.probe(self._pids[r], peers[r]["probe"], f"nsysan-p2p {token} rank {r}".encode())
+            if why is None:
+                self._cma_watch[r] = cma.Watch(self._pids[r])
+                readable.append(r)
+            elif not _cma_refusal_logged:
+                _cma_refusal_logged = True
+                _log.warning(
+                    "%sreading rank %d's memory directly (process_vm_readv) is refused (%s): ordinary tensors "
+                    "over %d bytes from it go through the shared-memory pool (two copies). With Yama's "
+                    "ptrace_scope 1, ranks can allow it with prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY).",
+                    self._who, r, why, self.cma_bytes,
+                )  # fmt: skip
+        return readable
+
+    def _readable_fast(self, src_bytes: torch.Tensor) -> bool:
+        """Whether a direct read of these bytes pays: the kernel pins the sender's pages one by one,
+        ~0.5 us per 4 KiB page on the measured VM (0.3-0.5x a copy_, where the pool's two pipelined
+        copies reach ~0.6x), against 0.8-1.0x a copy_ on huge pages (docs/transport.md)."""
+        if self.cma_pages == "any":
+            return True
+        share = cma.huge_fraction(src_bytes.data_ptr(), src_bytes.numel())
+        return self._huge_likely if share is None else share >= 0.75
 
     def _barrier(self, name: str) -> None:
         key = f"{self.prefix}/{name}"
@@ -315,9 +394,11 @@ class P2PTransport:
             raise TransportError(f"{self._who}tensors of more than {ring.MAX_DIMS} dimensions are not supported")
         cuda = tensor.device.type == "cuda"
         segment = None if cuda or nbytes <= self._inline else self._segment_of(tensor)
+        direct = (not cuda and segment is None and nbytes > max(self._inline, self.cma_bytes) and dst in self._cma_peers
+                  and self._readable_fast(src_bytes))  # fmt: skip
         with self._lock:
             self._fail_if_closed(f"send to {dst}")
-            if not cuda and nbytes > self._inline and segment is None:
+            if not cuda and nbytes > self._inline and segment is None and not direct:
                 self._ensure_pool()  # a full /dev/shm is an error here, before a sequence number is taken
             seq = self._send_seq[(dst, tag)]
             self._send_seq[(dst, tag)] += 1
@@ -338,14 +419,19 @@ class P2PTransport:
                 op.kind, op.keep, op.blob = ring.SEGMENT, tensor, segment[0].encode()
                 head["a"] = segment[1]
                 self._pinned_peers.setdefault(segment[0], set()).add(dst)
+            elif direct:  # the receiver reads it from our memory: keep it alive (and unchanged) until DONE
+                op.kind, op.keep = ring.CMA, (tensor, src_bytes)
+                head["a"] = src_bytes.data_ptr()
             elif nbytes <= self.chunk_bytes:
                 op.kind, op.data, op.keep = ring.EAGER, src_bytes.numpy(), src_bytes
             else:
                 op.kind, op.data, op.keep = ring.RTS, src_bytes.numpy(), src_bytes
-            self._expect(op, send=op.kind in (ring.CUDA, ring.SEGMENT, ring.RTS))
+            self._expect(op, send=op.kind in (ring.CUDA, ring.SEGMENT, ring.RTS, ring.CMA))
             self._outbox[dst].append(op)
             if len(self._outbox[dst]) == 1:
                 self._flush(dst)
+            if self._parked and not self._waiters and not op.done.is_set():
+                self._unpark()
         return Handle(op, self._wait)
 
     def irecv(self, out: torch.Tensor, src: int, tag: int = 0) -> Handle:
@@ -374,6 +460,8 @@ class P2PTransport:
             else:
                 self._expect(op)
                 self._posted[(src, tag)].append(op)
+            if self._parked and not self._waiters and not op.done.is_set():
+                self._unpark()
         return Handle(op, self._wait)
 
     # -- progress -----------------------------------------------------------------------------
@@ -408,17 +496,31 @@ class P2PTransport:
                     )
         finally:
             self._waiters -= 1
-            if not self._waiters:
-                futex.bump_and_wake(self._bell_addr)  # the background thread takes over at once
+            if not self._waiters and self._background_needed():
+                self._unpark()  # the background thread takes over at once
+
+    def _background_needed(self) -> bool:
+        """Whether anything could need progress with no user thread waiting (else the background
+        thread may stay parked until the next call: one wake-up less per message)."""
+        return bool(self._pending or self._streams or self._ready or self._freed or any(self._outbox.values())
+                    or any(self._backlog.values()))  # fmt: skip
+
+    def _unpark(self) -> None:
+        self._park.value += 1
+        futex.bump_and_wake(self._park_addr)
 
     def _background(self) -> None:
         """Progress while nobody waits: drains rings (so senders never find them full), answers
         clear-to-sends, streams chunks, checks deadlines."""
         while not self._closing:
-            bell = int(self._bell[0])
-            if self._waiters:  # a user thread drives; sleep until it leaves (it rings our doorbell)
-                futex.wait(self._bell_addr, bell, 0.05)
+            if self._waiters:  # a user thread drives; sleep (not on the doorbell) until it leaves
+                park = self._park.value
+                self._parked = True
+                if self._waiters:
+                    futex.wait(self._park_addr, park, 0.05)
+                self._parked = False
                 continue
+            bell = int(self._bell[0])
             if self._lock.acquire(blocking=False):
                 try:
                     progressed = self._poll()
@@ -451,6 +553,11 @@ class P2PTransport:
                 progressed = True
         for dst in self._outbox:
             progressed |= self._flush(dst)
+        # small messages waiting for a pool chunk: ask the receivers to wake us with their acks
+        starved = self._settling or any(self._outbox.values())
+        if starved != self._asked_wake:
+            self._ask_wake(starved)
+            progressed = True  # look at the rings again before sleeping (an ack posted before the flag showed)
         progressed |= self._pump()
         while self._ready:
             src, op, arrival = self._ready.pop()
@@ -467,20 +574,36 @@ class P2PTransport:
             self._check(now)
         return progressed
 
-    def _post(self, peer: int, kind: int, **fields: Any) -> None:
-        """Publish a descriptor to ``peer`` and ring its doorbell; queue it when the ring is full."""
+    def _ask_wake(self, on: bool) -> None:
+        self._asked_wake = on
+        for reader in self._readers.values():
+            reader.ask_wake(on)
+        if on:
+            futex.full_fence()
+
+    def _post(self, peer: int, kind: int, quiet: bool = False, **fields: Any) -> None:
+        """Publish a descriptor to ``peer`` and ring its doorbell; queue it when the ring is full.
+
+        ``quiet`` (the acknowledgement of a small message's pool chunk): ring only if the peer asked
+        for it (it ran out of chunks); otherwise it finds the acknowledgement at its next look, and
+        a small message costs the sender no wake-up."""
         queue = self._backlog[peer]
-        if queue or not self._writers[peer].put(kind, **fields):
+        writer = self._writers[peer]
+        if queue or not writer.put(kind, **fields):
             if isinstance(fields.get("blob"), np.ndarray):
                 fields["blob"] = fields["blob"].tobytes()  # the caller may reuse its buffer at once
             queue.append((kind, fields))
             return
+        if quiet:
+            futex.full_fence()  # head is visible before we read the flag (the peer: flag, fence, head)
+            if not writer.wants_wake():
+                return
         futex.bump_and_wake(self._bells[peer])
 
     def _arrived(self, src: int, reader: ring.RingReader, d: ring.Descriptor) -> None:
         """Handle one descriptor from ``src`` while it is still in its slot."""
         kind = d.kind
-        if kind in (ring.INLINE, ring.EAGER, ring.RTS, ring.SEGMENT, ring.CUDA):
+        if kind in (ring.INLINE, ring.EAGER, ring.RTS, ring.SEGMENT, ring.CUDA, ring.CMA):
             posted = self._posted.get((src, d.tag))
             while posted and posted[0].done.is_set():  # failed (timed out) receives
                 posted.popleft()
@@ -500,7 +623,7 @@ class P2PTransport:
                 at = d.a * self.chunk_bytes
                 payload = self._spare_buffer(d.nbytes)
                 payload[:] = self._peer_pool(src)[at : at + d.nbytes]
-                self._post(src, ring.CHUNK_ACK, a=d.a, b=d.nbytes)
+                self._post(src, ring.CHUNK_ACK, a=d.a, b=d.nbytes, quiet=True)
             else:
                 blob = reader.blob(d).tobytes()
             self._unexpected[(src, d.tag)].append(
@@ -553,9 +676,9 @@ class P2PTransport:
             problem = (f"rank {src} sent {arrival.nbytes} bytes ({_DTYPES[arrival.dtype]} {list(arrival.shape)}), "
                        f"the receive buffer holds {op.nbytes} ({out.dtype} {list(out.shape)})")  # fmt: skip
             if arrival.kind == ring.EAGER and arrival.payload is None:
-                self._post(src, ring.CHUNK_ACK, a=arrival.a, b=arrival.nbytes)
+                self._post(src, ring.CHUNK_ACK, a=arrival.a, b=arrival.nbytes, quiet=True)
                 self._held[src] -= arrival.held
-            elif arrival.kind in (ring.RTS, ring.SEGMENT, ring.CUDA):
+            elif arrival.kind in (ring.RTS, ring.SEGMENT, ring.CUDA, ring.CMA):
                 self._post(src, ring.REFUSE, msg_id=arrival.msg_id, blob=problem.encode())
             self._fail(op, TransportError(f"{self._who}{op.what}: {problem}"))
             return
@@ -571,13 +694,13 @@ class P2PTransport:
             if kind == ring.EAGER and arrival.payload is not None:
                 self._give_back_buffer(arrival.payload)
             if kind == ring.EAGER and arrival.payload is None:
-                self._post(src, ring.CHUNK_ACK, a=arrival.a, b=arrival.nbytes)
+                self._post(src, ring.CHUNK_ACK, a=arrival.a, b=arrival.nbytes, quiet=True)
                 self._held[src] -= arrival.held
             self._complete(op)
         elif kind == ring.RTS:
             self._active[(src, arrival.msg_id)] = op
             self._post(src, ring.CTS, msg_id=arrival.msg_id)
-        else:  # SEGMENT or CUDA: a copy of any size, done by the progress loop
+        else:  # SEGMENT, CUDA or CMA: a copy of any size, done by the progress loop
             self._ready.append((src, op, arrival))
 
     def _spare_buffer(self, nbytes: int) -> np.ndarray:
@@ -594,13 +717,16 @@ class P2PTransport:
             spares.append(whole)
 
     def _copy_direct(self, src: int, op: _Op, arrival: _Arrival) -> None:
-        """Copy straight from the sender's memory (an empty() segment or a CUDA IPC tensor), then DONE."""
+        """Copy straight from the sender's memory (an empty() segment, a CUDA IPC tensor or, by
+        process_vm_readv, an ordinary tensor), then DONE."""
         if op.done.is_set():
             return
         try:
             with _range(f"p2p recv {self.rank}<-{src} tag {op.tag}", op.nbytes):
                 if arrival.kind == ring.CUDA:
                     self._cuda().fetch(json.loads(arrival.blob), op.data, src)
+                elif arrival.kind == ring.CMA:
+                    self._read_peer(src, op, arrival.a)
                 else:
                     segment = self._peer_segment(src, arrival.blob.decode())
                     op.data[:] = segment[arrival.a : arrival.a + op.nbytes]
@@ -609,6 +735,27 @@ class P2PTransport:
             return
         self._post(src, ring.DONE, msg_id=arrival.msg_id)
         self._complete(op)
+
+    def _read_peer(self, src: int, op: _Op, address: int) -> None:
+        """Read a CMA message from ``src``'s memory into the receive buffer. The sender keeps the
+        tensor unchanged until our DONE; if it died, the bytes read are not trusted (its pid may even
+        name another process by now): the receive fails with PeerDied."""
+        watch = self._cma_watch[src]
+        data: Any = op.data
+        into = data if isinstance(data, np.ndarray) else np.empty(op.nbytes, np.uint8)  # e.g. a CUDA buffer
+        try:
+            cma.read(self._pids[src], into.ctypes.data, address, op.nbytes)
+            error = None
+        except OSError as exc:
+            error = exc
+        if watch.ended():
+            if src not in self._dead:
+                self._peer_died(src)  # fails this receive (and everything else pending with src), naming it
+            raise self._died(src, op.what)
+        if error is not None:
+            raise TransportError(f"{self._who}{op.what}: reading rank {src}'s memory failed: {error}")
+        if into is not data:
+            data[:] = torch.from_numpy(into)
 
     def _flush(self, dst: int) -> bool:
         """Post ``dst``'s outgoing messages in the order they were sent (the order matching relies
@@ -744,6 +891,8 @@ class P2PTransport:
         """Before closing: post what is queued and get our pool chunks back (a small message already
         counted as sent may still be in a chunk the receiver has not copied out)."""
         deadline = time.monotonic() + seconds
+        with self._lock:
+            self._settling = True  # our chunks' acknowledgements wake us from now on (see _poll)
         while time.monotonic() < deadline:
             with self._lock:
                 self._poll()
@@ -765,6 +914,7 @@ class P2PTransport:
             for op in list(self._pending):
                 self._fail(op, TransportError(f"rank {self.rank}: {op.what}: the transport was closed first"))
         futex.bump_and_wake(self._bell_addr)
+        self._unpark()
         self._thread.join(timeout=5)
         with self._lock:
             self._readers.clear()
@@ -780,6 +930,9 @@ class P2PTransport:
             self._pool = None
             for seg in maps:
                 seg.close()
+            for watch in self._cma_watch.values():
+                watch.close()
+            self._cma_watch.clear()
             remove_all(f"{self._files}{self.rank}-")  # our pool and the names of our empty() buffers
 
     def __enter__(self) -> P2PTransport:
@@ -799,6 +952,8 @@ def _forget_segment(owner: weakref.ref, base: int, path: str) -> None:
         transport._freed.append(path)  # a deque append: safe from the garbage collector's thread
         if not transport._closing:
             futex.bump_and_wake(transport._bell_addr)
+            if transport._parked and not transport._waiters:
+                transport._unpark()
 
 
 def _alive(pid: int) -> bool:
@@ -812,6 +967,18 @@ def _alive(pid: int) -> bool:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")  # a zombie has ended
     except (FileNotFoundError, IndexError):
+        return False
+
+
+def _huge_pages_likely() -> bool:
+    """Whether torch's large CPU allocations get transparent huge pages (torch's own switch, or the
+    system's THP mode ``always``)."""
+    if os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0"):
+        return True
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[always]" in f.read()
+    except OSError:
         return False
 
 

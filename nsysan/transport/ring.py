@@ -6,6 +6,9 @@ then one ring per possible sender, each ``128 + slots * slot_bytes`` bytes round
 
 * ``head`` (u64, offset 0): descriptors published, written only by the sender;
 * ``tail`` (u64, offset 64, its own cache line): descriptors consumed, written only by the receiver;
+* ``wake`` (u64, offset 72, the receiver's line too): 1 while the receiver asks to be woken for every
+  descriptor; otherwise acknowledgements of small messages are posted without a wake-up (their
+  sender picks them up at its next look);
 * ``slots``: descriptor ``i`` lives in slot ``i % slots``: a fixed header (kind, dtype, shape, tag,
   sequence, message id, size, two arguments) and a blob (an inline payload, a segment name, CUDA
   metadata or an error text).
@@ -26,6 +29,7 @@ from nsysan.transport import futex
 
 # kinds of descriptor; sender -> receiver:
 INLINE, EAGER, RTS, SEGMENT, CUDA, CHUNK = 1, 2, 3, 4, 5, 6
+CMA = 12  # an ordinary tensor the receiver reads from the sender's memory (process_vm_readv)
 # receiver -> sender:
 CTS, CHUNK_ACK, DONE, REFUSE = 7, 8, 9, 10
 
@@ -71,6 +75,7 @@ class _Ring:
         self.base = DOORBELL_BYTES + src * ring_bytes(slots, slot_bytes)
         words = inbox[self.base : self.base + _RING_HEADER].view(np.uint64)
         self._head, self._tail = words[0:1], words[8:9]  # one-element views: aligned 8-byte loads/stores
+        self._wake = words[9:10]
         self.slots, self.slot_bytes = slots, slot_bytes
         self._buf = memoryview(inbox)  # header fields are packed and unpacked in place
 
@@ -106,6 +111,11 @@ class RingWriter(_Ring):
         self._head[0] = self.head
         return True
 
+    def wants_wake(self) -> bool:
+        """Whether the receiver asked for a wake-up even for a descriptor it does not wait for
+        (call after ``put`` and a full fence: see ``RingReader.ask_wake``)."""
+        return bool(self._wake[0])
+
 
 class RingReader(_Ring):
     """The receiver's end of one ring."""
@@ -126,6 +136,12 @@ class RingReader(_Ring):
 
     def blob(self, d: Descriptor) -> np.ndarray:
         return self.bytes[d.blob_at : d.blob_at + d.blob_len]
+
+    def ask_wake(self, on: bool) -> None:
+        """Ask the sender to ring the doorbell for every descriptor (``on``) or only for the ones
+        that need it. After turning it on, fence (``futex.full_fence``) and look at the ring again
+        before sleeping: a descriptor posted before the sender saw the flag is then seen here."""
+        self._wake[0] = 1 if on else 0
 
     def advance(self) -> None:
         """Give the slot back to the sender (after everything needed from it was read)."""
