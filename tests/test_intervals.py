@@ -27,7 +27,7 @@ def intervals(draw: st.DrawFn, groups: int = 2) -> pd.DataFrame:
 
 
 def _covered_set(df: pd.DataFrame) -> set[int]:
-    return {t for s, e in zip(df["start_ns"], df["end_ns"]) for t in range(s, e)}
+    return {t for s, e in zip(df["start_ns"], df["end_ns"], strict=True) for t in range(s, e)}
 
 
 @settings(deadline=None)
@@ -58,7 +58,7 @@ def test_covered_counts_the_query_time_under_the_intervals(df, queries):
     ends = np.array([s + d for s, d in queries], dtype=np.int64)
     got = covered_ns(starts, ends, merged)
     busy = _covered_set(df)
-    expected = [len(busy & set(range(s, e))) for s, e in zip(starts, ends)]
+    expected = [len(busy & set(range(s, e))) for s, e in zip(starts, ends, strict=True)]
     assert got.tolist() == expected
     assert ((got >= 0) & (got <= ends - starts)).all()
 
@@ -102,7 +102,7 @@ def test_as_int_keeps_whole_int64s_and_nothing_else(values):
     col = pd.Series(values, dtype=object)
     got = _as_int(col, present=True)
     assert str(got.dtype) in ("int64", "Int64")
-    for value, out in zip(values, got.tolist()):
+    for value, out in zip(values, got.tolist(), strict=True):
         expected = _expected(value)
         if expected is None or expected == -(2**63):  # the NULL sentinel; _select tells them apart in SQL
             assert out is pd.NA or out is None
@@ -117,7 +117,7 @@ def test_string_ids_resolve_or_are_missing_never_crash(ids):
     cat = _categorical_from_ids(pd.Series(ids, dtype=object), lookup)
     filled, missing = _whole_ids(pd.Series(ids, dtype=object))
     assert len(cat) == len(ids) == len(filled) == len(missing)
-    for value, name, gone in zip(ids, cat.astype(object), missing):
+    for value, name, gone in zip(ids, cat.astype(object), missing, strict=True):
         expected = _expected(value)
         if expected in (0, 1, -1) and not gone:
             assert name == {0: "zero", 1: "one", -1: "minus"}[expected]

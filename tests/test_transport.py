@@ -133,7 +133,7 @@ def soak(store, rank, world, count, seed, max_bytes, window):
             for data, h in sends:
                 h.wait(timeout=120)
                 data.view(torch.uint8).fill_(0)
-            for i, nbytes, dtype, out, h in recvs:
+            for i, nbytes, _dtype, out, h in recvs:
                 h.wait(timeout=120)
                 offset = (i * 40503) % (4 << 20)
                 if not torch.equal(out.view(torch.uint8), _NOISE["block"][offset : offset + nbytes]):

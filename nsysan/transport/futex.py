@@ -25,6 +25,7 @@ import ctypes
 import platform
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
+_NR = ctypes.c_long(_SYS_FUTEX if _SYS_FUTEX is not None else -1)  # -1: callers check available() first
 _FUTEX_WAIT, _FUTEX_WAKE_OP = 0, 5
 _INT_MAX = 0x7FFFFFFF
 # FUTEX_OP(FUTEX_OP_ADD, 1, FUTEX_OP_CMP_EQ, 0): *uaddr2 += 1, then wake sleepers on uaddr
@@ -47,13 +48,13 @@ def supported() -> bool:
 def wait(addr: int, expected: int, timeout: float) -> None:
     """Sleep until the word at ``addr`` changes from ``expected``, a wake-up, or ``timeout`` s."""
     ts = _Timespec(int(timeout), int((timeout % 1) * 1e9))
-    _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAIT),
+    _syscall(_NR, ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAIT),
              ctypes.c_uint32(expected), ctypes.byref(ts), None, ctypes.c_int(0))  # fmt: skip
 
 
 def bump_and_wake(addr: int) -> None:
     """Atomically increment the word at ``addr`` and wake every process sleeping on it."""
-    _syscall(ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAKE_OP),
+    _syscall(_NR, ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAKE_OP),
              ctypes.c_int(_INT_MAX), ctypes.c_void_p(0), ctypes.c_void_p(addr), ctypes.c_int(_ADD_ONE))  # fmt: skip
 
 

@@ -78,7 +78,7 @@ _DTYPES = [getattr(torch, n) for n in (
 _DTYPE_INDEX = {d: i for i, d in enumerate(_DTYPES)}
 
 
-def _range(message: str, nbytes: int):  # noqa: ANN202 - a context manager either way
+def _range(message: str, nbytes: int):
     """An NVTX range named per peer and tag (so nsys and nsysan aggregate them) carrying the bytes."""
     return nvtx.annotate(message, domain="nsysan", payload=nbytes) if nvtx is not None else contextlib.nullcontext()
 
@@ -92,7 +92,8 @@ class _Op:
         self.error: BaseException | None = None
         self.msg_id = 0
         self.nbytes = 0
-        self.data: np.ndarray | None = None  # the bytes to send, or the receive buffer's
+        # the bytes to send, or the receive buffer's: a byte ndarray (a CUDA tensor on the GPU path)
+        self.data: Any = None
         self.keep: Any = None  # what must stay alive until the peer is done with it
         self.release: Callable[[], None] | None = None
         self.head: dict[str, Any] = {}  # descriptor fields of a send not yet posted
@@ -194,7 +195,7 @@ class P2PTransport:
             collections.deque
         )
         self._pool: Segment | None = None
-        self._pool_bytes: np.ndarray | None = None
+        self._pool_bytes: np.ndarray = np.empty(0, np.uint8)  # mapped at the first ordinary message
         self._free_chunks: list[int] = []
         self._chunk_peer: dict[int, int] = {}
         self._peer_pools: dict[int, tuple[Segment, np.ndarray]] = {}
@@ -524,7 +525,7 @@ class P2PTransport:
             if self._lock.acquire(blocking=False):
                 try:
                     progressed = self._poll()
-                except Exception:  # noqa: BLE001 - errors belong to operations; the thread must live on
+                except Exception:
                     progressed = False
                 finally:
                     self._lock.release()
@@ -603,6 +604,7 @@ class P2PTransport:
     def _arrived(self, src: int, reader: ring.RingReader, d: ring.Descriptor) -> None:
         """Handle one descriptor from ``src`` while it is still in its slot."""
         kind = d.kind
+        op: _Op | None
         if kind in (ring.INLINE, ring.EAGER, ring.RTS, ring.SEGMENT, ring.CUDA, ring.CMA):
             posted = self._posted.get((src, d.tag))
             while posted and posted[0].done.is_set():  # failed (timed out) receives
@@ -867,7 +869,7 @@ class P2PTransport:
         def finish() -> None:
             try:
                 work.wait()
-            except BaseException as exc:  # noqa: BLE001 - delivered to whoever waits on the handle
+            except BaseException as exc:
                 op.error = TransportError(f"rank {self.rank}: {what}: {exc}")
             op.done.set()
 
@@ -926,7 +928,7 @@ class P2PTransport:
             self._peer_inboxes.clear()
             self._peer_pools.clear()
             self._mapped.clear()
-            self._inbox_bytes = self._bell = self._pool_bytes = None
+            self._inbox_bytes = self._bell = self._pool_bytes = None  # type: ignore[assignment]  # unmapped below
             self._pool = None
             for seg in maps:
                 seg.close()

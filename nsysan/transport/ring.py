@@ -77,7 +77,7 @@ class _Ring:
         self._head, self._tail = words[0:1], words[8:9]  # one-element views: aligned 8-byte loads/stores
         self._wake = words[9:10]
         self.slots, self.slot_bytes = slots, slot_bytes
-        self._buf = memoryview(inbox)  # header fields are packed and unpacked in place
+        self._buf = inbox.data  # header fields are packed and unpacked in place
 
     def _slot(self, index: int) -> int:
         return self.base + _RING_HEADER + (index % self.slots) * self.slot_bytes

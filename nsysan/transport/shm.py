@@ -38,6 +38,8 @@ class Segment:
             raise TransportError(f"{owner}shared-memory segment {path} is gone") from None
         try:
             if create:
+                if size is None:
+                    raise ValueError("a new segment needs its size")
                 _reserve(fd, path, size, owner)
             self.size = os.fstat(fd).st_size if size is None else size
             self.map = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

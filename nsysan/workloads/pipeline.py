@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,10 +31,10 @@ class Links:
 
             self.p2p = P2PTransport(dist.distributed_c10d._get_default_store(), rank, world, timeout=120)
 
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int):  # noqa: ANN201 - a Work or a Handle
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int):
         return self.p2p.isend(tensor, dst, tag) if self.p2p else dist.isend(tensor, dst, tag=tag)
 
-    def irecv(self, out: torch.Tensor, src: int, tag: int):  # noqa: ANN201
+    def irecv(self, out: torch.Tensor, src: int, tag: int):
         return self.p2p.irecv(out, src, tag) if self.p2p else dist.irecv(out, src, tag=tag)
 
     def close(self) -> None:
@@ -41,7 +42,7 @@ class Links:
             self.p2p.close()
 
 
-def _timed_wait(handle: object) -> float:
+def _timed_wait(handle: Any) -> float:
     """Wait for a transfer; the seconds it took (what the transport costs a stage)."""
     start = time.perf_counter()
     handle.wait()

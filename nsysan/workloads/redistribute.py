@@ -40,7 +40,7 @@ def main() -> None:
     mine = block(i, j, device)
     want = block(j, i, device)
     block_bytes = mine.numel() * mine.element_size()
-    timings = {"collectives": [], "p2p": []}
+    timings: dict[str, list[float]] = {"collectives": [], "p2p": []}
     for step in range(args.steps):
         with annotate(f"step {step} collectives"):
             start = time.perf_counter()
