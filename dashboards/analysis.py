@@ -28,8 +28,10 @@ class NotReady(InputError):
 
 
 def analyse_stored_trace(store: ReviewStore, trace_id: int) -> None:
-    """Run the report on a registered trace and store its findings (replacing earlier ones); a trace
-    that cannot be read is marked failed, with the reason, before the error goes on."""
+    """Run the report on a registered trace and store its findings, matched to those of its earlier
+    analysis (a finding found again keeps its id and review, one no longer found is kept and marked,
+    see ``ReviewStore.save_analysis``); a trace that cannot be read is marked failed, with the reason,
+    before the error goes on."""
     paths = store.start_analysis(trace_id)
     try:
         with load_trace(paths) as trace:

@@ -17,9 +17,8 @@ from fixtures.samples import sample_paths
 from nsysan.analysis import analyse
 from nsysan.errors import InputError
 from nsysan.ingest import load_trace
-from nsysan.store import NotFound, ReviewStore, StaleEdit, StoreUnavailable, store_url
-from nsysan.store.models import SCHEMA_VERSION, Base
-from nsysan.store.store import MIGRATIONS
+from nsysan.store import NotFound, ReviewStore, StaleEdit, StoreUnavailable, schema, store_url
+from nsysan.store.models import SCHEMA_VERSION, VERSION_TABLE, Base
 from tests.conftest import need
 
 
@@ -39,7 +38,8 @@ def url(request, tmp_path):
 
 
 def _drop_all(engine: sa.Engine) -> None:
-    """Every store table, including those of older schemas a migration test left behind."""
+    """Every store table, including those of older schemas a migration test left behind (and
+    Alembic's version table, which the models declare)."""
     with engine.begin() as c:
         for old in ("comments", "trace_notes"):
             c.execute(sa.text(f"DROP TABLE IF EXISTS {old}"))
@@ -147,6 +147,88 @@ def test_findings_keep_their_group(store):
     assert store.finding(finding["id"])["group"] == "nccl_ordering_stall|rank 2"
 
 
+def _document(store: ReviewStore, trace_id: int) -> dict:
+    with load_trace(store.start_analysis(trace_id)) as trace:
+        return analyse(trace)
+
+
+def test_reanalysis_keeps_each_finding_with_its_id_status_and_thread(store):
+    trace_id = _analysed(store, "overlap-slowdown")  # six episodes of one grouped slowdown
+    before = store.findings(trace_id)
+    assert len(before) == 6 and len({f["group"] for f in before}) == 1
+    reviewed, other = before[0], before[3]
+    store.update_finding(reviewed["id"], based_on_version=1, status="confirmed", assignee="ada")
+    store.comment(reviewed["id"], "ada", "the peer copy again")
+    store.update_finding(other["id"], based_on_version=1, status="false positive")
+    analyse_stored_trace(store, trace_id)  # the same trace again
+    after = store.findings(trace_id)
+    assert [f["id"] for f in after] == [f["id"] for f in before]  # none renumbered, none added
+    again = store.finding(reviewed["id"])
+    assert (again["status"], again["assignee"], again["version"], again["present"]) == ("confirmed", "ada", 2, True)
+    assert [c["body"] for c in again["comments"]] == ["the peer copy again"]
+    assert store.finding(other["id"])["status"] == "false positive"
+    assert sum(store.trace(trace_id)["findings"].values()) == 6
+
+
+def test_a_finding_the_new_analysis_lacks_is_kept_and_marked_and_a_new_one_added(store):
+    trace_id = store.register(sample_paths("overlap-slowdown"))
+    doc = _document(store, trace_id)
+    store.save_analysis(trace_id, doc)
+    first = store.findings(trace_id)
+    gone, kept = first[0], first[1:]
+    store.update_finding(gone["id"], based_on_version=1, status="confirmed", assignee="bob")
+    store.comment(gone["id"], "bob", "look at rank 0")
+    # the next analysis no longer finds the largest episode, finds the rest (one window moved a little,
+    # so its text changed), and finds one new problem on another rank
+    moved = next(f for f in doc["findings"] if f["start_ns"] == kept[0]["start_ns"])
+    new = doc["findings"][0] | {"rank": 1, "group": "comm_compute_slowdown|rank 1|other", "title": "a new one"}
+    rest = [f | {"start_ns": f["start_ns"] + 1000, "title": "moved"} if f is moved else f
+            for f in doc["findings"] if f["start_ns"] != gone["start_ns"]]  # fmt: skip
+    store.save_analysis(trace_id, doc | {"findings": [*rest, new]})
+    latest = store.findings(trace_id)
+    assert {f["id"] for f in latest} == {f["id"] for f in kept} | {max(f["id"] for f in latest)}
+    added = next(f for f in latest if f["id"] not in {k["id"] for k in kept})
+    assert added["id"] > max(f["id"] for f in first) and (added["rank"], added["title"]) == (1, "a new one")
+    shifted = store.finding(kept[0]["id"])
+    assert (shifted["start_ns"], shifted["title"]) == (kept[0]["start_ns"] + 1000, "moved")  # the new analysis's text
+    # the one not found again: kept with its review, marked, out of the latest analysis's lists and counts
+    missing = store.finding(gone["id"])
+    assert (missing["present"], missing["status"], missing["assignee"]) == (False, "confirmed", "bob")
+    assert missing["missing_since"] and [c["body"] for c in missing["comments"]] == ["look at rank 0"]
+    assert gone["id"] not in {f["id"] for f in latest} and sum(store.trace(trace_id)["findings"].values()) == 6
+    everything = store.findings(trace_id, include_missing=True)
+    assert len(everything) == 7 and [f["id"] for f in everything if not f["present"]] == [gone["id"]]
+    # found again by a later analysis: present again, same id, same review
+    store.save_analysis(trace_id, doc)
+    back = store.finding(gone["id"])
+    assert (back["present"], back["missing_since"], back["status"]) == (True, None, "confirmed")
+    assert not store.finding(added["id"])["present"]  # and now the new one is the missing one
+
+
+def test_findings_stored_without_a_group_key_match_the_new_keys(store):
+    trace_id = store.register(sample_paths("pipeline-stall"))
+    doc = _document(store, trace_id)
+    store.save_analysis(trace_id, doc | {"findings": [f | {"group": ""} for f in doc["findings"]]})
+    (old,) = store.findings(trace_id)
+    store.save_analysis(trace_id, doc)
+    (new,) = store.findings(trace_id, include_missing=True)
+    assert new["id"] == old["id"] and new["group"] == doc["findings"][0]["group"] != ""
+
+
+def test_the_matching_rule():
+    from nsysan.store.identity import match
+
+    def f(start: int, end: int, n: int = 0, group: str = "g", rank: int = 0, kind: str = "k") -> dict:
+        return {"id": n, "kind": kind, "group": group, "rank": rank, "device": 0, "start_ns": start, "end_ns": end}
+
+    old = [f(0, 10, 1), f(20, 30, 2), f(40, 50, 3, group=""), f(0, 100, 4)]
+    new = [f(21, 29), f(45, 60, group="h"), f(0, 10), f(0, 10, rank=1), f(60, 70), f(200, 300), f(5, 8, kind="j")]
+    # overlapping windows pair, longest overlap first (ties: the closer start, then the older finding); an old
+    # finding without a group takes any group; another rank, a window apart or another kind are other findings
+    assert match(old, new) == {0: 1, 1: 2, 2: 0, 4: 3}
+    assert match(old[:3], [f(10, 20)]) == {0: 0}  # touching windows overlap; of two equally near, the older
+
+
 # The tables as nsysan with store schema 1 created them (SQLAlchemy's DDL for the models of then).
 _SCHEMA_1 = """
 CREATE TABLE nsysan_meta ("key" VARCHAR(64) NOT NULL, value VARCHAR(256) NOT NULL, PRIMARY KEY ("key"));
@@ -217,32 +299,39 @@ def test_a_schema_1_store_gains_finding_groups_and_keeps_its_review(url):
     _schema_1_store(url)
     s = ReviewStore(url)
     version, columns = _state(url)
-    assert version == str(SCHEMA_VERSION) == "3" and "group" in columns
+    assert version == str(SCHEMA_VERSION) == "4" and "group" in columns
     (old,) = s.findings(1)
     assert old["group"] == "" and (old["status"], old["assignee"], old["version"]) == ("confirmed", "ada", 3)
     assert [c["body"] for c in s.finding(old["id"])["comments"]] == ["seen it"]
     assert s.update_finding(old["id"], based_on_version=3, status="fixed") == 4
     trace_id = _analysed(s, "pipeline-stall")  # FindingRecord(**finding) with the new key, on the migrated table
     assert [f["kind"] for f in s.findings(trace_id)] == ["nccl_ordering_stall"]
+    assert _revision(url) == schema.head()  # stamped with revision 0001, then upgraded by Alembic
     ReviewStore(url)  # opening it again: nothing left to do
     assert _state(url) == (version, columns)
 
 
+def _failing_after(revision: str):
+    """An ``after_revision`` hook: the upgrade fails once ``revision`` is applied (its DDL done)."""
+
+    def fail(*, step, **_kw) -> None:
+        if step.up_revision_id == revision:
+            raise RuntimeError("disk full")
+
+    return fail
+
+
 def test_a_failed_migration_leaves_the_store_as_it_was(url, monkeypatch):
     _schema_1_store(url)
-    add_group = MIGRATIONS[1]
-
-    def fails_after_the_ddl(conn: sa.Connection) -> None:
-        add_group(conn)
-        raise RuntimeError("disk full")
-
-    monkeypatch.setitem(MIGRATIONS, 1, fails_after_the_ddl)
+    monkeypatch.setattr(schema, "after_revision", [_failing_after("0002")])
     with pytest.raises(RuntimeError, match="disk full"):
         ReviewStore(url)
     version, columns = _state(url)
-    assert version == "1" and "group" not in columns  # version bump and ALTER TABLE rolled back together
-    monkeypatch.setitem(MIGRATIONS, 1, add_group)
+    assert version == "1" and "group" not in columns  # stamp, ALTER TABLE and version bump rolled back together
+    assert VERSION_TABLE not in _tables(url)
+    monkeypatch.setattr(schema, "after_revision", [])
     assert ReviewStore(url).findings(1)[0]["group"] == ""
+    assert _revision(url) == schema.head()
 
 
 def _schema_2_store(url: str) -> None:
@@ -272,7 +361,7 @@ def _tables(url: str) -> set[str]:
 def test_a_schema_2_store_keeps_its_comments_and_notes_in_one_table(url):
     _schema_2_store(url)
     s = ReviewStore(url)
-    assert _state(url)[0] == str(SCHEMA_VERSION) == "3"
+    assert _state(url)[0] == str(SCHEMA_VERSION) == "4"
     assert "remarks" in _tables(url) and not _tables(url) & {"comments", "trace_notes"}
     comments = s.finding(1)["comments"]
     assert [(c["author"], c["body"]) for c in comments] == [("ada", "seen it"), ("bob", "fixed in #42")]
@@ -288,28 +377,151 @@ def test_a_schema_2_store_keeps_its_comments_and_notes_in_one_table(url):
 
 def test_a_failed_merge_of_comments_and_notes_leaves_them_where_they_were(url, monkeypatch):
     _schema_2_store(url)
-    merge = MIGRATIONS[2]
-
-    def fails_after_the_merge(conn: sa.Connection) -> None:
-        merge(conn)
-        raise RuntimeError("disk full")
-
-    monkeypatch.setitem(MIGRATIONS, 2, fails_after_the_merge)
+    monkeypatch.setattr(schema, "after_revision", [_failing_after("0003")])
     with pytest.raises(RuntimeError, match="disk full"):
         ReviewStore(url)
-    assert _state(url)[0] == "2"  # the version bump, the new table, the copies and the drops rolled back together
-    assert {"comments", "trace_notes"} <= _tables(url) and "remarks" not in _tables(url)
-    monkeypatch.setitem(MIGRATIONS, 2, merge)
+    assert _state(url)[0] == "2"  # the stamp, the new table, the copies and the drops rolled back together
+    assert {"comments", "trace_notes"} <= _tables(url) and not _tables(url) & {"remarks", VERSION_TABLE}
+    monkeypatch.setattr(schema, "after_revision", [])
     assert [n["body"] for n in ReviewStore(url).notes(1)] == ["captured on node 7"]
+
+
+def _revision(url: str) -> str | None:
+    """The store's Alembic revision."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            return c.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar_one_or_none()
+    finally:
+        engine.dispose()
+
+
+# The tables as nsysan with the hand-written schema 3 created them (SQLAlchemy's DDL for its models).
+_SCHEMA_3 = """
+CREATE TABLE nsysan_meta ("key" VARCHAR(64) NOT NULL, value VARCHAR(256) NOT NULL, PRIMARY KEY ("key"));
+CREATE TABLE traces (id {serial} NOT NULL, name VARCHAR(256) NOT NULL, paths JSON NOT NULL, status VARCHAR(16) NOT NULL,
+    error TEXT, ranks JSON NOT NULL, devices JSON NOT NULL, captured_utc_ns BIGINT, summary JSON NOT NULL,
+    registered_at {timestamp} NOT NULL, PRIMARY KEY (id));
+CREATE TABLE findings (id {serial} NOT NULL, trace_id INTEGER NOT NULL, kind VARCHAR(64) NOT NULL,
+    "group" TEXT DEFAULT '' NOT NULL, severity VARCHAR(16) NOT NULL, rank INTEGER, device INTEGER, pid INTEGER,
+    start_ns BIGINT NOT NULL, end_ns BIGINT NOT NULL, impact_ns BIGINT NOT NULL, title TEXT NOT NULL,
+    evidence JSON NOT NULL, advice TEXT NOT NULL, status VARCHAR(16) NOT NULL, assignee VARCHAR(128),
+    version INTEGER NOT NULL, PRIMARY KEY (id), FOREIGN KEY(trace_id) REFERENCES traces (id) ON DELETE CASCADE);
+CREATE INDEX ix_findings_trace_id ON findings (trace_id);
+CREATE TABLE remarks (id {serial} NOT NULL, kind VARCHAR(16) NOT NULL, trace_id INTEGER NOT NULL, finding_id INTEGER,
+    author VARCHAR(128) NOT NULL, body TEXT NOT NULL, created_at {timestamp} NOT NULL, PRIMARY KEY (id),
+    CONSTRAINT remark_kind_names_its_subject CHECK ((kind = 'comment' AND finding_id IS NOT NULL)
+        OR (kind = 'note' AND finding_id IS NULL)),
+    FOREIGN KEY(trace_id) REFERENCES traces (id) ON DELETE CASCADE,
+    FOREIGN KEY(finding_id) REFERENCES findings (id) ON DELETE CASCADE);
+CREATE INDEX ix_remarks_finding_id ON remarks (finding_id);
+CREATE INDEX ix_remarks_trace_id ON remarks (trace_id);
+"""
+
+
+def _schema_3_store(url: str) -> None:
+    """A store as nsysan with the hand-written schema 3 left it (no Alembic table): a trace with two
+    grouped findings, one reviewed with two comments, and a note on the trace."""
+    engine = sa.create_engine(url)
+    now = dt.datetime(2026, 3, 4, 5, 6, tzinfo=dt.timezone.utc)
+    json = lambda name: sa.column(name, sa.JSON)  # noqa: E731
+    with engine.begin() as c:
+        for ddl in _SCHEMA_3.format(**_TYPES[engine.dialect.name]).split(";"):
+            if ddl.strip():
+                c.exec_driver_sql(ddl)
+        c.execute(sa.text("INSERT INTO nsysan_meta VALUES ('schema_version', '3')"))
+        c.execute(sa.table("traces", sa.column("name"), json("paths"), sa.column("status"), json("ranks"), json("devices"),
+                           json("summary"), sa.column("registered_at")).insert(),
+                  [{"name": "three", "paths": ["/y.sqlite"], "status": "ready", "ranks": [0, 1], "devices": [0, 1],
+                    "summary": {}, "registered_at": now}])  # fmt: skip
+        finding = {"trace_id": 1, "kind": "comm_compute_slowdown", "group": "comm_compute_slowdown|rank 0|sgemm",
+                   "severity": "warning", "rank": 0, "advice": "overlap less", "status": "open", "assignee": None,
+                   "version": 1, "evidence": {"kernel": "sgemm"}}  # fmt: skip
+        c.execute(sa.table("findings", *map(sa.column, ("trace_id", "kind", "group", "severity", "rank", "start_ns",
+                                                        "end_ns", "impact_ns", "title", "advice", "status", "assignee",
+                                                        "version")), json("evidence")).insert(),
+                  [finding | {"start_ns": 100, "end_ns": 200, "impact_ns": 50, "title": "slow 1", "status": "confirmed",
+                              "assignee": "ada", "version": 2},
+                   finding | {"start_ns": 300, "end_ns": 400, "impact_ns": 40, "title": "slow 2"}])  # fmt: skip
+        c.execute(sa.table("remarks", *map(sa.column, ("kind", "trace_id", "finding_id", "author", "body",
+                                                       "created_at"))).insert(),
+                  [{"kind": "comment", "trace_id": 1, "finding_id": 1, "author": "ada", "body": "real", "created_at": now},
+                   {"kind": "note", "trace_id": 1, "finding_id": None, "author": "bob", "body": "node 3", "created_at": now},
+                   {"kind": "comment", "trace_id": 1, "finding_id": 1, "author": "bob", "body": "agreed", "created_at": now}])  # fmt: skip
+    engine.dispose()
+
+
+def test_a_schema_3_store_is_stamped_and_upgraded_keeping_its_review(url):
+    _schema_3_store(url)
+    s = ReviewStore(url)
+    assert _revision(url) == schema.head() and _state(url)[0] == str(SCHEMA_VERSION)
+    first, second = s.findings(1)
+    assert (first["title"], first["status"], first["assignee"], first["version"]) == ("slow 1", "confirmed", "ada", 2)
+    assert first["group"] == second["group"] == "comm_compute_slowdown|rank 0|sgemm" and second["status"] == "open"
+    assert first["present"] and second["present"] and first["missing_since"] is None  # found by the latest analysis
+    assert s.trace(1)["findings"] == {"info": 0, "warning": 2, "critical": 0}
+    assert [(c["author"], c["body"]) for c in s.finding(1)["comments"]] == [("ada", "real"), ("bob", "agreed")]
+    assert [(n["author"], n["body"], n["created_at"][:16]) for n in s.notes(1)] == [
+        ("bob", "node 3", "2026-03-04T05:06")
+    ]
+    assert s.update_finding(1, based_on_version=2, status="fixed") == 3
+    assert s.comment(1, "cy", "done") > 3 and s.note(1, "cy", "recaptured") > 3  # the sequences go on after the rows
+    ReviewStore(url)  # opening it again: nothing left to do
+    assert _revision(url) == schema.head() and len(s.finding(1)["comments"]) == 3
+
+
+def test_a_new_store_has_exactly_the_tables_of_the_models(url):
+    """Every revision from the first, on an empty database, gives the models' schema (as autogenerate
+    sees it: tables, columns, types, nullability, indexes, foreign keys)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    ReviewStore(url)
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as c:
+            context = MigrationContext.configure(c, opts={"version_table": VERSION_TABLE, "compare_type": True})
+            differences = [d for d in compare_metadata(context, Base.metadata)
+                           if not (d[0] == "add_table" and d[1].name == VERSION_TABLE)]  # fmt: skip
+    finally:
+        engine.dispose()
+    assert differences == []
+    assert _revision(url) == schema.head()
+
+
+def test_two_servers_opening_one_old_store_upgrade_it_once(url):
+    _schema_2_store(url)
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def open_store() -> None:
+        barrier.wait()
+        try:
+            ReviewStore(url)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert _revision(url) == schema.head() and len(ReviewStore(url).finding(1)["comments"]) == 2
 
 
 def test_a_store_from_a_newer_nsysan_is_refused(url):
     ReviewStore(url)
     engine = sa.create_engine(url)
-    with engine.begin() as c:
-        c.execute(sa.text("UPDATE nsysan_meta SET value = :v"), {"v": str(SCHEMA_VERSION + 1)})
+    with engine.begin() as c:  # a revision this nsysan does not have
+        c.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = 'f00dcafe'"))
+    with pytest.raises(InputError, match="revision f00dcafe is newer than this nsysan"):
+        ReviewStore(url)
+    with engine.begin() as c:  # a newer store of the hand-written migrations' time (no Alembic table)
+        c.execute(sa.text(f"DROP TABLE {VERSION_TABLE}"))
+        c.execute(sa.text("UPDATE nsysan_meta SET value = '9'"))
     engine.dispose()
-    with pytest.raises(InputError, match="newer than this nsysan"):
+    with pytest.raises(InputError, match="store schema 9 is newer than this nsysan"):
         ReviewStore(url)
 
 

@@ -1,5 +1,6 @@
 """One finding: the timeline zoomed to its window with its evidence outlined, the advice, and its
-review (status, assignee, comments).
+review (status, assignee, comments). A finding the trace's latest analysis did not find says so
+(the store keeps it, with its review, and shows what the analysis that last found it said).
 
 Saving names the version the page was loaded with; if someone saved in between, the store refuses
 and the page says so instead of overwriting their change.
@@ -38,6 +39,7 @@ def layout(server: Server, finding_id: int) -> html.Div:
         html.P([dcc.Link(f"← {trace['name']}", href=f"/traces/{f['trace_id']}"), " · ",
                 dcc.Link("all findings", href=f"/traces/{f['trace_id']}/findings")], className="meta"),
         html.H1([severity_badge(f["severity"]), " ", f["title"]], className="finding-title"),
+        _missing(f),
         html.P(f"{f['kind']} · {where(f)} · impact {duration(f['impact_ns'])}{_share(f)} · window {duration(f['end_ns'] - f['start_ns'])} "
                "(outlined in red; the evidence kernels are drawn thick and red)", className="meta"),
         dcc.Store(id=ids.FINDING_ID, data=finding_id),
@@ -94,6 +96,15 @@ def register(app: dash.Dash, server: Server) -> None:
     def _zoom(relayout: dict[str, Any] | None, finding_id: int) -> Any:
         f = server.store.finding(finding_id)
         return zoomed_figure(server, f["trace_id"], relayout, highlight=f)
+
+
+def _missing(f: dict[str, Any]) -> html.P | None:
+    """The notice on a finding the latest analysis of its trace did not find."""
+    if f.get("present", True):
+        return None
+    since = f" (since {f['missing_since'][:16].replace('T', ' ')} UTC)" if f.get("missing_since") else ""
+    return html.P(f"Not found in the latest analysis{since}: kept with its review; the window and evidence are those "
+                  "of the analysis that last found it.", className="error missing-finding")  # fmt: skip
 
 
 def _share(f: dict[str, Any]) -> str:

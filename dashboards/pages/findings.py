@@ -1,7 +1,11 @@
 """A trace's findings, one row per problem: findings that share a group key (episodes of one
 problem) fold into one headline with their count, total impact and worst occurrence; clicking a
 headline lists its occurrences. Filter by kind, severity, status and rank; sort by any column
-(severity by rank, critical first, not alphabetically)."""
+(severity by rank, critical first, not alphabetically).
+
+Findings an earlier analysis found and the latest did not are kept with their review (the store
+never deletes them): they fold into headlines of their own, after the others, greyed and marked
+"not found in the latest analysis"."""
 
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ COLUMNS = [
     {"id": "worst_ms", "name": "worst (ms)", "type": "numeric"},
     {"id": "status", "name": "status"},
     {"id": "assignee", "name": "assignee"},
+    {"id": "latest", "name": "latest analysis"},
     {"id": "title", "name": "worst occurrence", "presentation": "markdown"},
 ]
 OCCURRENCE_COLUMNS = [
@@ -46,8 +51,12 @@ OCCURRENCE_COLUMNS = [
     {"id": "window_ms", "name": "window (ms)", "type": "numeric"},
     {"id": "status", "name": "status"},
     {"id": "assignee", "name": "assignee"},
+    {"id": "latest", "name": "latest analysis"},
     {"id": "title", "name": "finding", "presentation": "markdown"},
 ]
+FOUND, MISSING = "found", "not found in the latest analysis"
+# rows of findings the latest analysis did not find: greyed
+_MISSING_STYLE = {"if": {"filter_query": f'{{latest}} = "{MISSING}"'}, "color": "#777", "fontStyle": "italic"}
 # the custom sort's keys where a cell's text does not sort right: severity by rank, the title link by its text
 _SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "severity": lambda row: SEVERITY_RANK.get(row["severity"], -1),
@@ -65,7 +74,8 @@ def layout(server: Server, trace_id: int) -> html.Div:
         t = server.store.trace(trace_id)
     except NotFound:
         return missing(f"No trace {trace_id}.")
-    rows = server.store.findings(trace_id)
+    rows = server.store.findings(trace_id, include_missing=True)
+    not_found = sum(not present(f) for f in rows)
     options = {
         ids.FILTER_KIND: sorted(registered()),
         ids.FILTER_SEVERITY: ["critical", "warning", "info"],
@@ -81,11 +91,14 @@ def layout(server: Server, trace_id: int) -> html.Div:
         ]),
         html.P("One row per problem: findings that are episodes of one problem are folded together, with how many "
                "there are (of those the filters keep), their total impact and the worst one.", className="hint"),
+        html.P(f"{not_found} finding{'s' if not_found != 1 else ''} of an earlier analysis {'were' if not_found != 1 else 'was'} "
+               f"not found in the latest one: kept with {'their' if not_found != 1 else 'its'} review, listed last and "
+               "greyed.", className="hint missing-findings") if not_found else None,
         dash_table.DataTable(
             id=ids.FINDINGS_TABLE, columns=COLUMNS, data=headlines(rows), sort_action="custom", sort_by=[],
             page_size=50, style_data_conditional=[
                 {"if": {"filter_query": f'{{severity}} = "{s}"', "column_id": "severity"}, "color": c, "fontWeight": "bold"}
-                for s, c in (("critical", "#b00"), ("warning", "#a66b00"))],
+                for s, c in (("critical", "#b00"), ("warning", "#a66b00"))] + [_MISSING_STYLE],
             **_TABLE_STYLE,
         ),
         html.Div(html.P(_PICK, className="hint"), id=ids.OCCURRENCES),
@@ -115,17 +128,36 @@ def register(app: dash.Dash, server: Server) -> None:
 
 def _filtered(server: Server, trace_id: int, kind: str | None, severity: str | None, status: str | None,
               rank: int | None) -> list[dict[str, Any]]:  # fmt: skip
-    found = server.store.findings(trace_id, kind=kind, severity=severity, rank=rank)
+    found = server.store.findings(trace_id, kind=kind, severity=severity, rank=rank, include_missing=True)
     return [f for f in found if status is None or f["status"] == status]
 
 
+def present(f: dict[str, Any]) -> bool:
+    """Whether the trace's latest analysis found the finding (True for findings given without the flag)."""
+    return bool(f.get("present", True))
+
+
 def group_id(f: dict[str, Any]) -> str:
-    """A headline's row id: the group key, or for a finding without one (a group of its own) its id."""
-    return f.get("group") or f"#{f['id']}"
+    """A headline's row id: the group key, or for a finding without one (a group of its own) its id;
+    findings the latest analysis did not find make headlines of their own."""
+    key = f.get("group") or f"#{f['id']}"
+    return key if present(f) else f"missing|{key}"
 
 
 def headlines(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per group (folded as the report folds them), worst first: severity, then total impact."""
+    """One row per group (folded as the report folds them), worst first: severity, then total impact;
+    the groups of findings the latest analysis did not find after the others."""
+    rows = []
+    for members in _by_presence(findings):
+        rows += _headlines(members)
+    return rows
+
+
+def _by_presence(findings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    return [part for part in ([f for f in findings if present(f)], [f for f in findings if not present(f)]) if part]
+
+
+def _headlines(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for g in fold_groups(findings):
         members = [findings[i] for i in g["findings"]]
@@ -135,6 +167,7 @@ def headlines(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "rank": _common(m["rank"] for m in members), "device": _common(m["device"] for m in members),
             "count": g["count"], "impact_ms": _ms(g["impact_ns"]), "worst_ms": _ms(worst["impact_ns"]),
             "status": _statuses(members), "assignee": ", ".join(sorted({m["assignee"] for m in members if m["assignee"]})),
+            "latest": FOUND if present(worst) else MISSING,
             "title": _link(worst), "worst_title": worst["title"], "worst_id": worst["id"],
         })  # fmt: skip
     return rows
@@ -159,13 +192,13 @@ def occurrences(members: list[dict[str, Any]]) -> html.Div:
     total = sum(m["impact_ns"] for m in members)
     rows = [{"impact_ms": _ms(m["impact_ns"]), "rank": m["rank"], "device": m["device"], "start_ms": _ms(m["start_ns"]),
              "window_ms": _ms(m["end_ns"] - m["start_ns"]), "status": m["status"], "assignee": m["assignee"] or "",
-             "title": _link(m), "id": m["id"]}
+             "latest": FOUND if present(m) else MISSING, "title": _link(m), "id": m["id"]}
             for m in sorted(members, key=lambda m: (-m["impact_ns"], m["id"]))]  # fmt: skip
     return html.Div([
         html.H2(f"{len(members)} occurrence{'s' if len(members) != 1 else ''} of {members[0]['kind']}{place} "
-                f"· {duration(total)} in all"),
+                f"· {duration(total)} in all{'' if present(members[0]) else f' · {MISSING}'}"),
         dash_table.DataTable(id=ids.OCCURRENCES_TABLE, columns=OCCURRENCE_COLUMNS, data=rows, sort_action="native",
-                             page_size=50, **_TABLE_STYLE),
+                             page_size=50, style_data_conditional=[_MISSING_STYLE], **_TABLE_STYLE),
     ])  # fmt: skip
 
 

@@ -8,7 +8,11 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-SCHEMA_VERSION = 3  # 2: findings.group; 3: comments and notes in one table, remarks
+# The schema's number, which every Alembic revision records in nsysan_meta for older nsysan to read
+# (2: findings.group; 3: comments and notes in one table, remarks; 4: findings.present and
+# missing_since, findings kept across re-analysis); docs/store.md
+SCHEMA_VERSION = 4
+VERSION_TABLE = "nsysan_alembic_version"  # Alembic's, named for nsysan in case the database is shared
 FINDING_STATUSES = ("open", "confirmed", "false positive", "fixed")
 
 
@@ -21,11 +25,17 @@ class Base(DeclarativeBase):
 
 
 class Meta(Base):
-    """One row: the schema version, so a newer nsysan can migrate an older store."""
+    """One row: the schema number, so an nsysan older than its Alembic revisions refuses the store."""
 
     __tablename__ = "nsysan_meta"
     key: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
     value: Mapped[str] = mapped_column(sa.String(256))
+
+
+# Alembic's version table (Alembic creates and fills it): declared here so that dropping the store's
+# tables (Base.metadata.drop_all) drops it too, and an emptied database is a new store again
+sa.Table(VERSION_TABLE, Base.metadata, sa.Column("version_num", sa.String(32), nullable=False),
+         sa.PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"))  # fmt: skip
 
 
 class TraceRecord(Base):
@@ -64,6 +74,9 @@ class FindingRecord(Base):
     status: Mapped[str] = mapped_column(sa.String(16), default="open")
     assignee: Mapped[str | None] = mapped_column(sa.String(128), default=None)
     version: Mapped[int] = mapped_column(default=1)  # optimistic concurrency: every edit names the version it saw
+    # False once an analysis of the trace no longer finds it (kept, with its review, never deleted)
+    present: Mapped[bool] = mapped_column(default=True, server_default=sa.true())
+    missing_since: Mapped[dt.datetime | None] = mapped_column(sa.DateTime(timezone=True), default=None)
     trace: Mapped[TraceRecord] = relationship(back_populates="findings")
     comments: Mapped[list[RemarkRecord]] = relationship(back_populates="finding", cascade="all, delete-orphan",
                                                         order_by="RemarkRecord.id")  # fmt: skip

@@ -5,16 +5,17 @@ dashboard's background queue, the tests) validate exports, analyse them and hand
 document (:meth:`ReviewStore.save_analysis`).
 
 A SQLite file by default, PostgreSQL when given a URL (``postgresql+psycopg://...``); the schema is
-created on first use and its version recorded. Every edit of a finding names the version it was
-based on; an edit based on a stale version is refused (:class:`StaleEdit`), so two people editing
-the same finding never silently overwrite each other. No SQL is built from user text: everything
+created on first use and kept up to date by Alembic revisions (:mod:`nsysan.store.schema`). Every
+edit of a finding names the version it was based on; an edit based on a stale version is refused
+(:class:`StaleEdit`), so two people editing the same finding never silently overwrite each other. No SQL is built from user text: everything
 goes through SQLAlchemy with bound parameters.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,15 +23,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from nsysan.errors import InputError, NsysanError
-from nsysan.store.models import (
-    FINDING_STATUSES,
-    SCHEMA_VERSION,
-    Base,
-    FindingRecord,
-    Meta,
-    RemarkRecord,
-    TraceRecord,
-)
+from nsysan.store import identity, schema
+from nsysan.store.models import FINDING_STATUSES, FindingRecord, RemarkRecord, TraceRecord, _now
 
 
 class StaleEdit(NsysanError):
@@ -78,36 +72,9 @@ class ReviewStore:
                                    "postgresql+psycopg://user:password@host/db") from None  # fmt: skip
         self._session = sessionmaker(self.engine, expire_on_commit=False)
         try:
-            self._migrate()
+            schema.upgrade(self.url, shown)  # Alembic: a new store's tables, an older store's missing revisions
         except sa.exc.OperationalError as exc:
             raise StoreUnavailable(f"{shown}: cannot open the store ({_reason(exc, self.url)})") from None
-
-    def _migrate(self) -> None:
-        """Create a new store's tables, or bring a store written by an older nsysan up to
-        SCHEMA_VERSION one step at a time (:data:`MIGRATIONS`), refusing one from a newer nsysan."""
-        Base.metadata.create_all(self.engine, tables=[Meta.__table__])  # type: ignore[list-item]
-        with self._session.begin() as s:
-            row = s.get(Meta, "schema_version")
-            if row is None:  # a new store: today's tables (an old one gains its new tables in its migrations)
-                Base.metadata.create_all(s.connection())
-                s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
-                return
-            version = int(row.value)
-        if version > SCHEMA_VERSION:
-            raise InputError(f"{self.url}: store schema {version} is newer than this nsysan ({SCHEMA_VERSION})")
-        for step in range(version, SCHEMA_VERSION):
-            with self.engine.begin() as conn:
-                # Bump the version first, as a compare-and-set: of two servers starting on one old store,
-                # one migrates and the other waits on its lock, then finds nothing to do. Being the first
-                # statement it also opens the transaction on SQLite (pysqlite begins one only before DML),
-                # so the DDL after it commits or rolls back with it.
-                bumped = conn.execute(
-                    sa.update(Meta)
-                    .where(Meta.key == "schema_version", Meta.value == str(step))
-                    .values(value=str(step + 1))
-                )
-                if bumped.rowcount == 1:
-                    MIGRATIONS[step](conn)
 
     def session(self) -> Session:
         return self._session()
@@ -132,12 +99,33 @@ class ReviewStore:
             return list(record.paths)
 
     def save_analysis(self, trace_id: int, document: dict[str, Any], captured_utc_ns: int | None = None) -> None:
-        """Store a trace's report document (``nsysan.analysis.analyse``): its findings replace the
-        earlier ones (and their comments), its summary feeds the library, and the trace is ready."""
+        """Store a trace's report document (``nsysan.analysis.analyse``): its summary feeds the library,
+        and the trace is ready. Its findings are matched to the stored ones (:mod:`nsysan.store.identity`):
+        a stored finding found again keeps its id, status, assignee, version and comments and takes the
+        new analysis's window, severity, title, evidence and advice; one not found again is kept, marked
+        not present (``missing_since``); a new one is added."""
         with self._session.begin() as s:
+            # write the trace's row first (a no-op), locking it: two analyses of one trace match in turn
+            s.execute(sa.update(TraceRecord).where(TraceRecord.id == trace_id).values(status=TraceRecord.status))
             record = self._trace(s, trace_id)
-            record.findings.clear()
-            record.findings.extend(FindingRecord(**f) for f in document["findings"])
+            stored = list(s.scalars(sa.select(FindingRecord).where(FindingRecord.trace_id == trace_id)
+                                    .order_by(FindingRecord.id)))  # fmt: skip
+            found = document["findings"]
+            matched = identity.match([_finding(f) for f in stored], found)
+            again = set(matched.values())
+            now = _now()
+            for i, old in enumerate(stored):
+                if i not in again and old.present:
+                    old.present, old.missing_since = False, now
+            for j, new in enumerate(found):
+                if j in matched:
+                    old = stored[matched[j]]
+                    for key in _ANALYSED:
+                        if key in new:
+                            setattr(old, key, new[key])
+                    old.present, old.missing_since = True, None
+                else:
+                    s.add(FindingRecord(**new, trace_id=trace_id))
             record.summary = document["summary"]
             record.ranks = sorted({r for t in document["traces"] for r in t["ranks"]})
             record.devices = sorted({d for t in document["traces"] for d in t["devices"]})
@@ -165,10 +153,12 @@ class ReviewStore:
             return {tuple(p) for p in s.scalars(sa.select(TraceRecord.paths))}
 
     def traces(self, only: int | None = None) -> list[dict[str, Any]]:
-        """The library: every trace with its finding counts by severity."""
+        """The library: every trace with its finding counts by severity (of its latest analysis)."""
         with self.session() as s:
             counts = dict.fromkeys(("info", "warning", "critical"), 0)
-            counted = sa.select(FindingRecord.trace_id, FindingRecord.severity, sa.func.count())
+            counted = sa.select(FindingRecord.trace_id, FindingRecord.severity, sa.func.count()).where(
+                FindingRecord.present
+            )
             listed = sa.select(TraceRecord).order_by(TraceRecord.id)
             if only is not None:
                 counted, listed = counted.where(FindingRecord.trace_id == only), listed.where(TraceRecord.id == only)
@@ -192,8 +182,12 @@ class ReviewStore:
     # -- findings and review --------------------------------------------------------------------
 
     def findings(self, trace_id: int, *, kind: str | None = None, severity: str | None = None,
-                 rank: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                 rank: int | None = None, include_missing: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+        """The trace's findings of its latest analysis, largest impact first; with ``include_missing``
+        also those an earlier analysis found and the latest did not (``present`` False)."""
         query = sa.select(FindingRecord).where(FindingRecord.trace_id == trace_id)
+        if not include_missing:
+            query = query.where(FindingRecord.present)
         for column, value in (
             (FindingRecord.kind, kind),
             (FindingRecord.severity, severity),
@@ -287,42 +281,6 @@ def _reason(exc: sa.exc.OperationalError, url: str) -> str:
     return first
 
 
-def _add_column(conn: sa.Connection, column: sa.Column[Any]) -> None:
-    """``ALTER TABLE ... ADD COLUMN`` for a column of the current models, in the connection's dialect."""
-    table = conn.dialect.identifier_preparer.format_table(column.table)
-    conn.execute(
-        sa.DDL(f"ALTER TABLE {table} ADD COLUMN {sa.schema.CreateColumn(column).compile(dialect=conn.dialect)}")
-    )
-
-
-def _merge_comments_and_notes(conn: sa.Connection) -> None:
-    """Schema 3: a finding's comments (``comments``) and a trace's notes (``trace_notes``), two
-    tables of one shape, become the rows of ``remarks``, in their order; the old tables go."""
-    remarks = Base.metadata.tables["remarks"]
-    remarks.create(conn)
-    columns = ("kind", "trace_id", "finding_id", "author", "body", "created_at")
-    comments = sa.table("comments", *map(sa.column, ("id", "finding_id", "author", "body", "created_at")))
-    notes = sa.table("trace_notes", *map(sa.column, ("id", "trace_id", "author", "body", "created_at")))
-    findings = sa.table("findings", sa.column("id"), sa.column("trace_id"))
-    conn.execute(remarks.insert().from_select(columns, sa.select(
-        sa.literal("comment"), findings.c.trace_id, comments.c.finding_id, comments.c.author, comments.c.body,
-        comments.c.created_at,
-    ).join_from(comments, findings, comments.c.finding_id == findings.c.id).order_by(comments.c.id)))  # fmt: skip
-    conn.execute(remarks.insert().from_select(columns, sa.select(
-        sa.literal("note"), notes.c.trace_id, sa.cast(sa.null(), sa.Integer), notes.c.author, notes.c.body,
-        notes.c.created_at,
-    ).order_by(notes.c.id)))  # fmt: skip
-    for old in ("comments", "trace_notes"):
-        sa.Table(old, sa.MetaData()).drop(conn)
-
-
-MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {
-    1: lambda conn: _add_column(conn, Base.metadata.tables["findings"].c["group"]),
-    2: _merge_comments_and_notes,
-}
-"""Schema version -> the step that brings a store from it to the next, run in one transaction."""
-
-
 def _step_ns(summary: dict[str, Any]) -> float | None:
     """Mean duration of NVTX ranges called ``step ...``, the job's step time, when it has them."""
     rows = [r for r in summary.get("nvtx_ranges", []) if str(r.get("range", "")).lower().startswith("step")]
@@ -330,9 +288,20 @@ def _step_ns(summary: dict[str, Any]) -> float | None:
     return sum(r["total_ns"] for r in rows) / count if count else None
 
 
+# what an analysis says about a finding, taken from the new analysis when a stored finding is found again
+_ANALYSED = ("group", "severity", "pid", "start_ns", "end_ns", "impact_ns", "title", "evidence", "advice")
+
+
 def _finding(f: FindingRecord) -> dict[str, Any]:
-    return {c: getattr(f, c) for c in ("id", "trace_id", "kind", "group", "severity", "rank", "device", "pid", "start_ns", "end_ns",
-                                        "impact_ns", "title", "evidence", "advice", "status", "assignee", "version")}  # fmt: skip
+    d = {c: getattr(f, c) for c in ("id", "trace_id", "kind", "group", "severity", "rank", "device", "pid", "start_ns",
+                                    "end_ns", "impact_ns", "title", "evidence", "advice", "status", "assignee", "version",
+                                    "present")}  # fmt: skip
+    return d | {"missing_since": _utc(f.missing_since).isoformat() if f.missing_since else None}
+
+
+def _utc(when: dt.datetime) -> dt.datetime:
+    """In UTC (SQLite gives back the naive UTC time stored; PostgreSQL the session's time zone)."""
+    return when.replace(tzinfo=dt.timezone.utc) if when.tzinfo is None else when.astimezone(dt.timezone.utc)
 
 
 def _remark(c: RemarkRecord) -> dict[str, Any]:
