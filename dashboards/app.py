@@ -16,10 +16,11 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import dash
+import flask
 from dash import Input, Output, dcc, html
 
-from dashboards import auth, ids
-from dashboards.library import scan_directory
+from dashboards import auth, ids, security
+from dashboards.library import UploadRefused, save_upload_streams, scan_directory
 from dashboards.pages import compare, finding, findings, library, overview
 from dashboards.server import Server
 from nsysan.errors import NsysanError
@@ -29,19 +30,22 @@ log = logging.getLogger(__name__)
 
 
 def create_app(server: Server) -> dash.Dash:
-    app = dash.Dash(__name__, title="nsysan", suppress_callback_exceptions=True, update_title="")
-    # an upload arrives base64-encoded in a callback: leave room for a refusal with a reason (the
-    # callback's own check); a request far beyond that is cut off by Flask with 413
-    app.server.config["MAX_CONTENT_LENGTH"] = 2 * (server.max_upload_bytes * 4 // 3) + 2**20
+    app = dash.Dash(__name__, title="nsysan", suppress_callback_exceptions=True, update_title="",
+                    on_error=_callback_failed)  # fmt: skip
     if server.login_required:
-        auth.install_login(app.server, server.users)
+        auth.install_login(app.server, server.users, session_hours=server.session_hours,
+                           secure_cookies=server.secure_cookies)  # fmt: skip
     else:
         auth.install_loopback_only(app.server)
     app.layout = lambda: _shell(server)  # a function: built per request, so it knows who is logged in
     pages = {"library": library, "overview": overview, "findings": findings, "finding": finding, "compare": compare}
 
-    @app.callback(Output(ids.PAGE, "children"), Input(ids.URL, "pathname"), Input(ids.URL, "search"))
+    @app.callback(Output(ids.PAGE, "children"), Output(security.NOTICE, "children"), Input(ids.URL, "pathname"),
+                  Input(ids.URL, "search"))  # fmt: skip
     def _route(pathname: str | None, search: str | None) -> Any:
+        return _page(pathname, search), None  # a new page: what the last one was told is cleared
+
+    def _page(pathname: str | None, search: str | None) -> Any:
         name, params = route(pathname or "/", search or "")
         if name is None:
             return html.P(f"No page at {pathname}.", className="error")
@@ -55,7 +59,32 @@ def create_app(server: Server) -> dash.Dash:
 
     for page in pages.values():
         page.register(app, server)
+
+    @app.server.route(security.UPLOAD_PATH, methods=["POST"])
+    def _upload() -> tuple[flask.Response, int]:
+        """Upload exports as multipart form data (field ``files``, one per rank), streamed to disk:
+        ``curl -F files=@report.sqlite http://host:8050/upload``."""
+        files = flask.request.files.getlist("files")
+        try:
+            trace_id = save_upload_streams(server, [(f.filename or "", f.stream) for f in files])
+        except UploadRefused as exc:
+            return flask.jsonify(error=f"Upload refused: {exc}"), 400
+        return flask.jsonify(trace_id=trace_id), 201
+
+    # last: its checks run before everything else, and its CSP names every inline script
+    security.install(app, server.max_upload_bytes)
     return app
+
+
+def _callback_failed(exc: Exception) -> None:
+    """A callback that raised: its outputs stay as they were and the shell says why, instead of an
+    HTTP 500 the page would not show (a damaged id in the page's state, say)."""
+    if isinstance(exc, NsysanError | security.FieldTooLong):
+        message = str(exc)
+    else:
+        log.error("callback failed", exc_info=exc)
+        message = "That action failed; the server's log has the details."
+    dash.set_props(security.NOTICE, {"children": message})
 
 
 def _shell(server: Server) -> html.Div:
@@ -73,6 +102,7 @@ def _shell(server: Server) -> html.Div:
             html.Div(dcc.Input(id=ids.AUTHOR, placeholder="your name (for comments)", persistence=True,
                                persistence_type="local", debounce=True, className="author"), hidden=bool(user)),
         ]),
+        html.Div(id=security.NOTICE, className="error", role="alert"),  # what a refused action says
         html.Main(id=ids.PAGE),
     ])  # fmt: skip
 

@@ -13,10 +13,10 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from nsysan.errors import InputError, NsysanError
 from nsysan.ingest import EXPORT_SUFFIXES, expand_inputs, load_trace
@@ -94,12 +94,47 @@ def save_upload(server: Server, contents: Sequence[str], filenames: Sequence[str
     """
     if not contents:
         raise UploadRefused("no file uploaded")
+    if len(filenames) != len(contents):
+        raise UploadRefused("each uploaded file needs its name")
     encoded = [c.partition(",")[2] for c in contents]
     size = sum(len(e) * 3 // 4 for e in encoded)
     if size > server.max_upload_bytes:
         raise UploadRefused(
             f"upload of {size / 2**20:.1f} MiB is over the limit of {server.max_upload_bytes / 2**20:.0f} MiB"
         )
+
+    def write(index: int, path: Path) -> None:
+        try:
+            _write_base64(path, encoded[index])
+        except (binascii.Error, ValueError):
+            raise UploadRefused(f"{path.name}: the upload arrived damaged (not base64)") from None
+
+    return _keep_upload(server, filenames, write)
+
+
+def save_upload_streams(server: Server, files: Sequence[tuple[str, IO[bytes]]]) -> int:
+    """Like :func:`save_upload`, for files that arrive as streams (``POST /upload``, multipart):
+    each is copied to disk a piece at a time, never whole in memory."""
+    if not files:
+        raise UploadRefused("no file uploaded")
+
+    written = 0
+
+    def write(index: int, path: Path) -> None:
+        nonlocal written
+        with path.open("wb") as out:
+            while piece := files[index][1].read(2**20):
+                written += len(piece)
+                if written > server.max_upload_bytes:
+                    raise UploadRefused(f"upload over the limit of {server.max_upload_bytes / 2**20:.0f} MiB")
+                out.write(piece)
+
+    return _keep_upload(server, [name for name, _ in files], write)
+
+
+def _keep_upload(server: Server, filenames: Sequence[str], write: Callable[[int, Path], None]) -> int:
+    """Write the uploaded files (``write(i, path)`` writes the i-th) into a fresh directory under
+    the uploads directory and register them as one trace; keep nothing when refused."""
     names = [_clean_name(n) for n in filenames]
     if len(set(names)) != len(names):
         raise UploadRefused("two uploaded files have the same name")
@@ -107,13 +142,9 @@ def save_upload(server: Server, contents: Sequence[str], filenames: Sequence[str
     target.mkdir(parents=True)
     try:
         paths = []
-        for name, data in zip(names, encoded, strict=True):
-            path = target / name
-            try:
-                path.write_bytes(base64.b64decode(data, validate=True))
-            except binascii.Error:
-                raise UploadRefused(f"{name}: the upload arrived damaged (not base64)") from None
-            paths.append(path)
+        for i, name in enumerate(names):
+            write(i, target / name)
+            paths.append(target / name)
         label = names[0].rsplit(".", 1)[0] if len(names) == 1 else f"{len(names)} files, {names[0]}…"
         trace_id = register_exports(server.store, paths, name=label)
     except NsysanError as exc:
@@ -124,6 +155,39 @@ def save_upload(server: Server, contents: Sequence[str], filenames: Sequence[str
         raise
     server.analysis.submit(trace_id)
     return trace_id
+
+
+def _write_base64(path: Path, data: str, chunk: int = 4 * 2**20) -> None:
+    """Decode to disk a piece at a time: the decoded file is never whole in memory besides the text."""
+    if len(data) % 4:
+        raise ValueError("base64 text of a length not a multiple of 4")
+    with path.open("wb") as out:
+        for start in range(0, len(data), chunk):  # chunk is a multiple of 4: every piece decodes alone
+            out.write(base64.b64decode(data[start : start + chunk], validate=True))
+
+
+def upload_directory(server: Server, trace_id: int) -> Path | None:
+    """The directory an uploaded trace's files were written to, or None when the trace was not
+    uploaded (registered from the traces directory, say: those files are not the server's to delete)."""
+    paths = [Path(p) for p in server.store.trace_paths(trace_id)]
+    root = server.uploads_dir.resolve()
+    parents = {p.parent for p in paths}
+    if len(parents) != 1:
+        return None
+    (parent,) = parents
+    if parent.parent != root or not parent.name.startswith("upload-"):
+        return None
+    return parent
+
+
+def delete_upload(server: Server, trace_id: int) -> bool:
+    """Delete the files of an uploaded trace from disk (retention); False when it was not uploaded.
+    The store still lists the trace (and its findings and reviews) until it is removed there."""
+    directory = upload_directory(server, trace_id)
+    if directory is None:
+        return False
+    shutil.rmtree(directory, ignore_errors=True)
+    return True
 
 
 def _clean_name(name: str) -> str:

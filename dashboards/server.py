@@ -22,6 +22,8 @@ class Server:
     uploads_dir: Path = Path("nsysan-uploads")
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_MB * 2**20
     users: dict[str, str] = field(default_factory=dict)
+    session_hours: float = auth.DEFAULT_SESSION_HOURS  # a login lasts this long at most
+    secure_cookies: bool = False  # send the session cookie over HTTPS only
     refused: list[str] = field(default_factory=list)  # why exports in traces_dir were not registered (last scan)
     timelines: TimelineCache = field(init=False)
     scan_lock: threading.Lock = field(init=False, default_factory=threading.Lock)

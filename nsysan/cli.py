@@ -416,6 +416,14 @@ def serve(
         "nsysan-uploads"
     ),
     max_upload_mb: Annotated[int, typer.Option("--max-upload-mb", help="Largest upload accepted, in MiB.")] = 200,
+    session_hours: Annotated[
+        float,
+        typer.Option("--session-hours", help="A login lasts this long at most (and ends sooner when idle as long)."),
+    ] = 12.0,
+    secure_cookies: Annotated[
+        bool,
+        typer.Option("--secure-cookies", help="Send the session cookie over HTTPS only (serve behind a TLS proxy)."),
+    ] = False,
 ) -> None:
     """Open the web dashboard where a team reviews traces and findings together.
 
@@ -435,11 +443,13 @@ def serve(
         raise InputError(f"--traces {traces_dir}: not a directory")
     if max_upload_mb <= 0:
         raise InputError("--max-upload-mb must be positive")
+    if not 0 < session_hours <= 24 * 365:
+        raise InputError("--session-hours must be positive (and at most a year)")
     store = ReviewStore(db)
     typer.echo(f"nsysan: serving http://{host}:{port}/ (store {store.engine.url.render_as_string(hide_password=True)}"
                f"{', traces from ' + str(traces_dir) if traces_dir else ''}{', login required' if users else ''})", err=True)  # fmt: skip
     start(Server(store, traces_dir=traces_dir, uploads_dir=uploads_dir, max_upload_bytes=max_upload_mb * 2**20,
-                 users=users), host, port)  # fmt: skip
+                 users=users, session_hours=session_hours, secure_cookies=secure_cookies), host, port)  # fmt: skip
 
 
 @app.command("hash-password")

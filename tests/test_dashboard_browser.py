@@ -217,13 +217,14 @@ def test_a_big_trace_is_drawn_as_busy_share_and_zooming_in_shows_every_kernel(br
         # zoom as a drag would; the server redraws the window (the graph may not be listening yet: retry)
         for _ in range(5):
             page.evaluate(f"Plotly.relayout(document.querySelector('{graph}'), {{'xaxis.range': [10, 10.4]}})")
-            try:
-                page.wait_for_function(
-                    f"!document.querySelector('{graph}').data.some(t => t.type === 'heatmap')", timeout=5000
-                )
-                break
-            except Exception:
+            # polled with evaluate (DevTools), not wait_for_function: the page's CSP forbids eval
+            for _ in range(50):
+                if not page.evaluate(f"document.querySelector('{graph}').data.some(t => t.type === 'heatmap')"):
+                    break
+                page.wait_for_timeout(100)
+            else:
                 continue
+            break
         types = page.evaluate(f"document.querySelector('{graph}').data.map(t => t.type)")
         assert "heatmap" not in types and "scattergl" in types
         hover = page.evaluate(f"document.querySelector('{graph}').data.flatMap(t => t.hovertext || []).join(' ')")
