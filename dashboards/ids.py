@@ -11,6 +11,8 @@ SCAN = "scan-traces-dir"
 LIBRARY_MESSAGE = "library-message"
 LIBRARY_TABLE = "library-table"
 LIBRARY_POLL = "library-poll"
+SEARCH_ALL = "search-all"  # findings of every trace, by text
+SEARCH_ALL_RESULTS = "search-all-results"
 
 # trace overview
 TIMELINE = "timeline"
@@ -26,6 +28,7 @@ FILTER_KIND = "filter-kind"
 FILTER_SEVERITY = "filter-severity"
 FILTER_STATUS = "filter-status"
 FILTER_RANK = "filter-rank"
+FILTER_TEXT = "filter-text"  # title, kind, group key or kernel text
 OCCURRENCES = "occurrences"  # a headline's occurrences, shown when its row is clicked
 OCCURRENCES_TABLE = "occurrences-table"
 
@@ -39,7 +42,10 @@ SAVE = "finding-save"
 REVIEW_MESSAGE = "review-message"
 COMMENT_TEXT = "comment-text"
 COMMENT_ADD = "comment-add"
-COMMENTS = "comments"
+COMMENTS = "comments"  # the thread: comments and review events
+REVIEW_POLL = "review-poll"  # re-reads the finding's review while the page is open
+REVIEW_SEEN = "review-seen"  # what the page last showed: version, status, assignee, thread size
+REVIEW_FORM = "review-form"  # the form's saved values as data-* attributes, for the unsaved-changes warning
 
 # compare
 COMPARE_BEFORE = "compare-before"

@@ -306,6 +306,7 @@ def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
     client = create_app(server).server.test_client()
     filters = [{"id": key, "property": "value", "value": None} for key in FILTERS]
     trace = {"id": ids.TRACE_ID, "property": "data", "value": trace_id}
+    text = {"id": ids.FILTER_TEXT, "property": "value", "value": None}
 
     def call(body: dict) -> dict:
         answer = client.post("/_dash-update-component", json=body, headers={"Host": "127.0.0.1"})
@@ -316,7 +317,7 @@ def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
     outputs = ("data", "active_cell", "selected_cells")
     table = call({"output": ".." + "...".join(f"{ids.FINDINGS_TABLE}.{p}" for p in outputs) + "..",
                   "outputs": [{"id": ids.FINDINGS_TABLE, "property": p} for p in outputs],
-                  "inputs": [*filters, sort], "state": [trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.sort_by"]})  # fmt: skip
+                  "inputs": [*filters, text, sort], "state": [trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.sort_by"]})  # fmt: skip
     rows = table[ids.FINDINGS_TABLE]["data"]
     assert [(r["severity"], r["count"], r["impact_ms"]) for r in rows] == [("info", 3, 6.0), ("warning", 1, 5.0),
                                                                           ("critical", 1, 4.0)]  # fmt: skip
@@ -326,7 +327,7 @@ def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
         "value": {"row": 0, "column": 0, "row_id": rows[0]["id"]},
     }
     listing = call({"output": f"{ids.OCCURRENCES}.children", "outputs": {"id": ids.OCCURRENCES, "property": "children"},
-                    "inputs": [cell], "state": [*filters, trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.active_cell"]})  # fmt: skip
+                    "inputs": [cell], "state": [*filters, text, trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.active_cell"]})  # fmt: skip
     heading, occurrences = listing[ids.OCCURRENCES]["children"]["props"]["children"]
     assert heading["props"]["children"].startswith("3 occurrences of comm_compute_slowdown")
     assert [r["title"].rsplit("(", 1)[1] for r in occurrences["props"]["data"]] == [

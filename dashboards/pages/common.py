@@ -33,11 +33,20 @@ def where(f: dict[str, Any]) -> str:
 
 
 def thread(entries: list[dict[str, Any]], kind: str, empty: str) -> Any:
-    """Comments on a finding or notes on a trace: author, time (UTC, to the minute), text."""
+    """Comments on a finding or notes on a trace: author, time (UTC, to the minute), text; a finding's
+    thread also holds its review events (``kind`` "event"): who changed what, from and to."""
     if not entries:
         return html.P(empty, className="hint")
-    return html.Ul([html.Li([html.B(e["author"]), f" · {e['created_at'][:16].replace('T', ' ')}: ", e["body"]],
-                            className=kind) for e in entries])  # fmt: skip
+    return html.Ul([_entry(e, kind) for e in entries])
+
+
+def _entry(e: dict[str, Any], kind: str) -> html.Li:
+    when = e["created_at"][:16].replace("T", " ")
+    if e.get("kind") == "event":
+        return html.Li([html.B(e["author"]), f" · {when}: changed {e['field']} ",
+                        html.Span(e["from"] or "nobody", className="from"), " → ",
+                        html.Span(e["to"] or "nobody", className="to")], className="event")  # fmt: skip
+    return html.Li([html.B(e["author"]), f" · {when}: ", e["body"]], className=kind)
 
 
 def missing(what: str) -> html.Div:

@@ -3,7 +3,14 @@ review (status, assignee, comments). A finding the trace's latest analysis did n
 (the store keeps it, with its review, and shows what the analysis that last found it said).
 
 Saving names the version the page was loaded with; if someone saved in between, the store refuses
-and the page says so instead of overwriting their change.
+and the page says so instead of overwriting their change. A save that changes nothing saves nothing
+(no event, no new version). Every status or assignee change is a review event in the thread.
+
+The review stays live: every few seconds the page re-reads the finding's version and thread size
+(:meth:`ReviewStore.review_state`) and, when they changed, redraws the thread; the form takes the new
+status and assignee unless the user has unsaved edits in it, which are kept (the page says the
+finding changed under them). Leaving the page with unsaved edits or an unposted comment asks first
+(``assets/review.js``). With login on, the assignee is chosen from the server's users.
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ import json
 from typing import Any
 
 import dash
-from dash import Input, Output, State, dcc, html
+from dash import ClientsideFunction, Input, Output, State, dcc, html
+from dash.exceptions import PreventUpdate
 
 from dashboards import ids
 from dashboards.pages.common import missing, severity_badge, thread, where, zoomed_figure
@@ -20,6 +28,10 @@ from dashboards.server import Server
 from nsysan.errors import InputError
 from nsysan.report.format import duration, share_of_run
 from nsysan.store import FINDING_STATUSES, NotFound, StaleEdit
+from nsysan.store.export import describe
+
+POLL_MS = 3000  # how often an open finding page re-reads its review
+_UNEDITED: dict[str, Any] = {"data-dirty": "false"}  # assets/review.js's clientside callback keeps it
 
 
 def layout(server: Server, finding_id: int) -> html.Div:
@@ -45,6 +57,8 @@ def layout(server: Server, finding_id: int) -> html.Div:
         dcc.Store(id=ids.FINDING_ID, data=finding_id),
         dcc.Store(id=ids.TRACE_ID, data=f["trace_id"]),
         dcc.Store(id=ids.FINDING_VERSION, data=f["version"]),
+        dcc.Store(id=ids.REVIEW_SEEN, data=_seen(f)),
+        dcc.Interval(id=ids.REVIEW_POLL, interval=POLL_MS),
         timeline,
         html.Div(className="columns", children=[
             html.Div(className="column", children=[
@@ -53,13 +67,15 @@ def layout(server: Server, finding_id: int) -> html.Div:
             ]),
             html.Div(className="column review", children=[
                 html.H2("Review"),
-                html.Label(["Status", dcc.Dropdown(id=ids.STATUS, options=list(FINDING_STATUSES), value=f["status"],
-                                                   clearable=False)]),
-                html.Label(["Assignee", dcc.Input(id=ids.ASSIGNEE, value=f["assignee"] or "", className="text")]),
-                html.Button("Save", id=ids.SAVE, n_clicks=0),
+                html.Div(id=ids.REVIEW_FORM, **_UNEDITED, children=[
+                    html.Label(["Status", dcc.Dropdown(id=ids.STATUS, options=list(FINDING_STATUSES), value=f["status"],
+                                                       clearable=False)]),
+                    html.Label(["Assignee", _assignee(server, f["assignee"])]),
+                    html.Button("Save", id=ids.SAVE, n_clicks=0),
+                ]),
                 html.Div(id=ids.REVIEW_MESSAGE),
-                html.H2("Comments"),
-                html.Div(_comments(f["comments"]), id=ids.COMMENTS),
+                html.H2("Discussion"),
+                html.Div(_thread(f), id=ids.COMMENTS),
                 dcc.Textarea(id=ids.COMMENT_TEXT, placeholder="Add to the discussion", className="text"),
                 html.Button("Comment", id=ids.COMMENT_ADD, n_clicks=0),
             ]),
@@ -69,27 +85,75 @@ def layout(server: Server, finding_id: int) -> html.Div:
 
 def register(app: dash.Dash, server: Server) -> None:
     @app.callback(Output(ids.REVIEW_MESSAGE, "children"), Output(ids.FINDING_VERSION, "data"),
+                  Output(ids.COMMENTS, "children"), Output(ids.REVIEW_SEEN, "data"),
                   Input(ids.SAVE, "n_clicks"), State(ids.STATUS, "value"), State(ids.ASSIGNEE, "value"),
-                  State(ids.FINDING_ID, "data"), State(ids.FINDING_VERSION, "data"), prevent_initial_call=True)  # fmt: skip
-    def _save(_n: int, status: str, assignee: str | None, finding_id: int, version: int) -> Any:
-        try:
-            new_version = server.store.update_finding(finding_id, based_on_version=version, status=status,
-                                                      assignee=assignee or "")  # fmt: skip
-        except StaleEdit as exc:
-            return html.P(f"Not saved: {exc}", className="error stale"), dash.no_update
-        except InputError as exc:
-            return html.P(f"Not saved: {exc}", className="error"), dash.no_update
-        return html.P(f"Saved: {status}, assigned to {assignee or 'nobody'}.", className="ok saved"), new_version
-
-    @app.callback(Output(ids.COMMENTS, "children"), Output(ids.COMMENT_TEXT, "value"), Input(ids.COMMENT_ADD, "n_clicks"),
-                  State(ids.COMMENT_TEXT, "value"), State(ids.FINDING_ID, "data"), State(ids.AUTHOR, "value"),
+                  State(ids.FINDING_ID, "data"), State(ids.FINDING_VERSION, "data"), State(ids.AUTHOR, "value"),
                   prevent_initial_call=True)  # fmt: skip
+    def _save(_n: int, status: str, assignee: str | None, finding_id: int, version: int, author: str | None) -> Any:
+        assignee = (assignee or "").strip()
+        try:
+            before = server.store.review_state(finding_id)["version"]
+            # with login, only the server's users (or the assignee it already has, from before)
+            known = not _login(server) or not assignee or assignee in server.users
+            if not known and assignee != (server.store.review_state(finding_id)["assignee"] or ""):
+                raise InputError(f"{assignee!r} is not a user of this server")
+            new_version = server.store.update_finding(finding_id, based_on_version=version, status=status,
+                                                      assignee=assignee, author=server.author(author))  # fmt: skip
+        except StaleEdit as exc:
+            return html.P(f"Not saved: {exc}", className="error stale"), dash.no_update, dash.no_update, dash.no_update
+        except InputError as exc:
+            return html.P(f"Not saved: {exc}", className="error"), dash.no_update, dash.no_update, dash.no_update
+        f = server.store.finding(finding_id)
+        if new_version == before:
+            message = html.P("Nothing to save: no change.", className="ok unchanged")
+        else:
+            message = html.P(f"Saved: {status}, assigned to {assignee or 'nobody'}.", className="ok saved")
+        return message, f["version"], _thread(f), _seen(f)
+
+    @app.callback(Output(ids.COMMENTS, "children", allow_duplicate=True), Output(ids.COMMENT_TEXT, "value"),
+                  Input(ids.COMMENT_ADD, "n_clicks"), State(ids.COMMENT_TEXT, "value"), State(ids.FINDING_ID, "data"),
+                  State(ids.AUTHOR, "value"), prevent_initial_call=True)  # fmt: skip
     def _comment(_n: int, text: str | None, finding_id: int, author: str | None) -> Any:
         text = (text or "").strip()
         if not text:
             return dash.no_update, dash.no_update
         server.store.comment(finding_id, server.author(author), text)
-        return _comments(server.store.finding(finding_id)["comments"]), ""
+        return _thread(server.store.finding(finding_id)), ""
+
+    @app.callback(Output(ids.COMMENTS, "children", allow_duplicate=True),
+                  Output(ids.REVIEW_SEEN, "data", allow_duplicate=True),
+                  Output(ids.REVIEW_MESSAGE, "children", allow_duplicate=True),
+                  Output(ids.FINDING_VERSION, "data", allow_duplicate=True),
+                  Output(ids.STATUS, "value"), Output(ids.ASSIGNEE, "value"),
+                  Input(ids.REVIEW_POLL, "n_intervals"), State(ids.FINDING_ID, "data"), State(ids.REVIEW_SEEN, "data"),
+                  State(ids.FINDING_VERSION, "data"), State(ids.STATUS, "value"), State(ids.ASSIGNEE, "value"),
+                  prevent_initial_call=True)  # fmt: skip
+    def _poll(_n: int, finding_id: int, seen: dict[str, Any] | None, version: int, status: str | None,
+              assignee: str | None) -> Any:  # fmt: skip
+        """Redraw the review when someone else changed it; keep the form when the user is editing it."""
+        state = server.store.review_state(finding_id)
+        if _same(state, seen or {}):
+            raise PreventUpdate
+        f = server.store.finding(finding_id)
+        if state["version"] == version:  # only the thread grew (a comment): the form is current
+            return _thread(f), _seen(f), dash.no_update, dash.no_update, dash.no_update, dash.no_update
+        mine = (status, (assignee or "").strip())
+        editing = mine != ((seen or {}).get("status"), (seen or {}).get("assignee") or "")
+        newer = [e for e in f["events"] if e["version"] > version]
+        what = "; ".join(f"{e['author']} changed {describe(e).replace(' -> ', ' → ')}" for e in newer) or "changed"
+        if editing and mine != (f["status"], f["assignee"] or ""):
+            message = html.P(f"This finding was changed by someone else while you edit it ({what}): your unsaved edit "
+                             "is kept, but saving it will be refused; reload it to start from theirs.",
+                             className="error stale live")  # fmt: skip
+            return _thread(f), _seen(f), message, dash.no_update, dash.no_update, dash.no_update
+        message = html.P(f"Updated: {what}.", className="ok live")
+        return _thread(f), _seen(f), message, f["version"], f["status"], _assignee_value(server, f["assignee"])
+
+    app.clientside_callback(  # whether the form or the comment box holds something unsaved (assets/review.js)
+        ClientsideFunction(namespace="nsysan", function_name="reviewDirty"),
+        Output(ids.REVIEW_FORM, "data-dirty"), Input(ids.STATUS, "value"), Input(ids.ASSIGNEE, "value"),
+        Input(ids.COMMENT_TEXT, "value"), Input(ids.REVIEW_SEEN, "data"),
+    )  # fmt: skip
 
     @app.callback(Output(ids.FINDING_TIMELINE, "figure"), Input(ids.FINDING_TIMELINE, "relayoutData"),
                   State(ids.FINDING_ID, "data"), prevent_initial_call=True)  # fmt: skip
@@ -113,5 +177,34 @@ def _share(f: dict[str, Any]) -> str:
     return f" ({share_of_run(evidence['share_of_run'])})" if "share_of_run" in evidence else ""
 
 
-def _comments(comments: list[dict[str, Any]]) -> Any:
-    return thread(comments, "comment", "No comments yet.")
+def _thread(f: dict[str, Any]) -> Any:
+    """The finding's thread: comments and review events, in the order they happened."""
+    return thread(f["thread"], "comment", "No comments or changes yet.")
+
+
+def _seen(f: dict[str, Any]) -> dict[str, Any]:
+    """What the page shows of the review, to tell a change from the poll's answer."""
+    return {"version": f["version"], "status": f["status"], "assignee": f["assignee"] or "",
+            "comments": len(f["comments"]), "events": len(f["events"])}  # fmt: skip
+
+
+def _same(state: dict[str, Any], seen: dict[str, Any]) -> bool:
+    return all(state[k] == seen.get(k) for k in ("version", "comments", "events"))
+
+
+def _login(server: Server) -> bool:
+    """Whether the server has users (login on); a stand-in server without them has none."""
+    return bool(getattr(server, "users", None))
+
+
+def _assignee(server: Server, current: str | None) -> Any:
+    """With login on, a choice of the server's users (and the current assignee, if no longer one);
+    without, free text."""
+    if not _login(server):
+        return dcc.Input(id=ids.ASSIGNEE, value=current or "", className="text")
+    names = sorted(set(server.users) | ({current} if current else set()))
+    return dcc.Dropdown(id=ids.ASSIGNEE, options=names, value=current, clearable=True, placeholder="nobody")
+
+
+def _assignee_value(server: Server, current: str | None) -> str | None:
+    return current if _login(server) else (current or "")

@@ -1,7 +1,12 @@
 """A trace's findings, one row per problem: findings that share a group key (episodes of one
 problem) fold into one headline with their count, total impact and worst occurrence; clicking a
-headline lists its occurrences. Filter by kind, severity, status and rank; sort by any column
-(severity by rank, critical first, not alphabetically).
+headline lists its occurrences. Filter by kind, severity, status and rank, and by text (title, kind,
+group key, kernel and other evidence); sort by any column (severity by rank, critical first, not
+alphabetically). "when" is an occurrence's start on the timeline's clock: ms since the trace's first
+activity, as the overview's axis shows it (the worst occurrence's, for a headline).
+
+The trace's review (every finding with its status, assignee, comments and review events) downloads
+as CSV, JSON or Markdown from ``/traces/<id>/review.<csv|json|md>``, linked from the page.
 
 Findings an earlier analysis found and the latest did not are kept with their review (the store
 never deletes them): they fold into headlines of their own, after the others, greyed and marked
@@ -9,20 +14,27 @@ never deletes them): they fold into headlines of their own, after the others, gr
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import dash
+import flask
 from dash import Input, Output, State, dash_table, dcc, html
 
 from dashboards import ids
 from dashboards.pages.common import missing, where
 from dashboards.server import Server
 from nsysan.detect import registered
+from nsysan.errors import NsysanError
 from nsysan.report.document import SEVERITY_RANK, fold_groups
 from nsysan.report.format import duration
 from nsysan.store import FINDING_STATUSES, NotFound
+from nsysan.store import export as review_export
+
+Clock = Callable[[dict[str, Any]], float | None]  # a finding -> its "when" (ms on the timeline's clock)
+MAX_SEARCH = 200  # characters of a text filter that count
 
 FILTERS = {
     ids.FILTER_KIND: "kind",
@@ -38,6 +50,7 @@ COLUMNS = [
     {"id": "count", "name": "occurrences", "type": "numeric"},
     {"id": "impact_ms", "name": "total impact (ms)", "type": "numeric"},
     {"id": "worst_ms", "name": "worst (ms)", "type": "numeric"},
+    {"id": "when_ms", "name": "when (ms)", "type": "numeric"},
     {"id": "status", "name": "status"},
     {"id": "assignee", "name": "assignee"},
     {"id": "latest", "name": "latest analysis"},
@@ -47,6 +60,7 @@ OCCURRENCE_COLUMNS = [
     {"id": "impact_ms", "name": "impact (ms)", "type": "numeric"},
     {"id": "rank", "name": "rank", "type": "numeric"},
     {"id": "device", "name": "GPU", "type": "numeric"},
+    {"id": "when_ms", "name": "when (ms)", "type": "numeric"},
     {"id": "start_ms", "name": "start (ms, export clock)", "type": "numeric"},
     {"id": "window_ms", "name": "window (ms)", "type": "numeric"},
     {"id": "status", "name": "status"},
@@ -75,6 +89,7 @@ def layout(server: Server, trace_id: int) -> html.Div:
     except NotFound:
         return missing(f"No trace {trace_id}.")
     rows = server.store.findings(trace_id, include_missing=True)
+    when = clock(server, trace_id)
     not_found = sum(not present(f) for f in rows)
     options = {
         ids.FILTER_KIND: sorted(registered()),
@@ -89,13 +104,21 @@ def layout(server: Server, trace_id: int) -> html.Div:
             dcc.Dropdown(id=key, options=options[key], placeholder=f"any {name}", clearable=True, className="filter")
             for key, name in FILTERS.items()
         ]),
+        dcc.Input(id=ids.FILTER_TEXT, type="search", placeholder="search title, kind, group, kernel", debounce=0.4,
+                  maxLength=MAX_SEARCH, className="search"),
         html.P("One row per problem: findings that are episodes of one problem are folded together, with how many "
-               "there are (of those the filters keep), their total impact and the worst one.", className="hint"),
+               "there are (of those the filters keep), their total impact and the worst one. When: the worst "
+               "one's start, ms since the trace's first activity (the timeline's clock).", className="hint"),
+        html.P(["Export the review (findings, statuses, comments and changes): ",
+                *[html.A(label, href=f"/traces/{trace_id}/review.{fmt}", className=f"export-{fmt}",
+                         download=review_export.filename({"trace": t}, fmt))
+                  for fmt, label in (("csv", "CSV"), ("json", "JSON"), ("md", "Markdown"))]],
+               className="hint exports"),
         html.P(f"{not_found} finding{'s' if not_found != 1 else ''} of an earlier analysis {'were' if not_found != 1 else 'was'} "
                f"not found in the latest one: kept with {'their' if not_found != 1 else 'its'} review, listed last and "
                "greyed.", className="hint missing-findings") if not_found else None,
         dash_table.DataTable(
-            id=ids.FINDINGS_TABLE, columns=COLUMNS, data=headlines(rows), sort_action="custom", sort_by=[],
+            id=ids.FINDINGS_TABLE, columns=COLUMNS, data=headlines(rows, when), sort_action="custom", sort_by=[],
             page_size=50, style_data_conditional=[
                 {"if": {"filter_query": f'{{severity}} = "{s}"', "column_id": "severity"}, "color": c, "fontWeight": "bold"}
                 for s, c in (("critical", "#b00"), ("warning", "#a66b00"))] + [_MISSING_STYLE],
@@ -108,28 +131,70 @@ def layout(server: Server, trace_id: int) -> html.Div:
 def register(app: dash.Dash, server: Server) -> None:
     @app.callback(Output(ids.FINDINGS_TABLE, "data"), Output(ids.FINDINGS_TABLE, "active_cell"),
                   Output(ids.FINDINGS_TABLE, "selected_cells"), *(Input(key, "value") for key in FILTERS),
-                  Input(ids.FINDINGS_TABLE, "sort_by"), State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
-    def _filter(kind: str | None, severity: str | None, status: str | None, rank: int | None,
+                  Input(ids.FILTER_TEXT, "value"), Input(ids.FINDINGS_TABLE, "sort_by"), State(ids.TRACE_ID, "data"),
+                  prevent_initial_call=True)  # fmt: skip
+    def _filter(kind: str | None, severity: str | None, status: str | None, rank: int | None, text: str | None,
                 sort_by: list[dict[str, str]] | None, trace_id: int) -> Any:  # fmt: skip
-        found = _filtered(server, trace_id, kind, severity, status, rank)
-        return sort_rows(headlines(found), sort_by or []), None, []  # rows moved: the clicked group's listing goes
+        found = _filtered(server, trace_id, kind, severity, status, rank, text)
+        rows = headlines(found, clock(server, trace_id))
+        return sort_rows(rows, sort_by or []), None, []  # rows moved: the clicked group's listing goes
 
     @app.callback(Output(ids.OCCURRENCES, "children"), Input(ids.FINDINGS_TABLE, "active_cell"),
-                  *(State(key, "value") for key in FILTERS), State(ids.TRACE_ID, "data"),
-                  prevent_initial_call=True)  # fmt: skip
+                  *(State(key, "value") for key in FILTERS), State(ids.FILTER_TEXT, "value"),
+                  State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
     def _occurrences(cell: dict[str, Any] | None, kind: str | None, severity: str | None, status: str | None,
-                     rank: int | None, trace_id: int) -> Any:  # fmt: skip
+                     rank: int | None, text: str | None, trace_id: int) -> Any:  # fmt: skip
         key = (cell or {}).get("row_id")
-        members = [f for f in _filtered(server, trace_id, kind, severity, status, rank) if group_id(f) == key]
+        found = _filtered(server, trace_id, kind, severity, status, rank, text)
+        members = [f for f in found if group_id(f) == key]
         if not members:
             return html.P(_PICK, className="hint")
-        return occurrences(members)
+        return occurrences(members, clock(server, trace_id))
+
+    @app.server.route("/traces/<int:trace_id>/review.<fmt>")
+    def _export(trace_id: int, fmt: str) -> flask.Response:
+        """The trace's review as a file (the login and loopback checks guard it like every page)."""
+        if fmt not in review_export.FORMATS:
+            flask.abort(404)
+        try:
+            review = server.store.review(trace_id)
+        except NotFound:
+            flask.abort(404)
+        name = review_export.filename(review, fmt)
+        return flask.Response(review_export.render(review, fmt), mimetype=review_export.FORMATS[fmt],
+                              headers={"Content-Disposition": f'attachment; filename="{name}"'})  # fmt: skip
 
 
 def _filtered(server: Server, trace_id: int, kind: str | None, severity: str | None, status: str | None,
-              rank: int | None) -> list[dict[str, Any]]:  # fmt: skip
+              rank: int | None, text: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     found = server.store.findings(trace_id, kind=kind, severity=severity, rank=rank, include_missing=True)
-    return [f for f in found if status is None or f["status"] == status]
+    return [f for f in found if (status is None or f["status"] == status) and matches(f, text)]
+
+
+def matches(f: dict[str, Any], text: str | None) -> bool:
+    """Whether a finding's title, kind, group key or evidence (kernel names, ops, streams) holds
+    ``text``, case-insensitively; no text matches everything."""
+    needle = (text or "").strip().lower()[:MAX_SEARCH]
+    if not needle:
+        return True
+    haystack = [f.get("title") or "", f.get("kind") or "", f.get("group") or "", json.dumps(f.get("evidence") or {})]
+    return any(needle in h.lower() for h in haystack)
+
+
+def clock(server: Server, trace_id: int) -> Clock | None:
+    """A finding's "when": its start on the timeline's clock (the job clock, ms since the trace's first
+    kernel, copy or NVTX range), or None when the trace has no timeline (not analysed, nothing drawn)."""
+    try:
+        data = server.timelines.get(trace_id)
+    except NsysanError:
+        return None
+    origin, offsets = data.origin_ns, data.rank_offset
+
+    def when(f: dict[str, Any]) -> float | None:
+        shift = offsets.get(int(f["rank"]), 0) if f.get("rank") is not None else 0
+        return round((f["start_ns"] + shift - origin) / 1e6, 3)
+
+    return when
 
 
 def present(f: dict[str, Any]) -> bool:
@@ -144,12 +209,13 @@ def group_id(f: dict[str, Any]) -> str:
     return key if present(f) else f"missing|{key}"
 
 
-def headlines(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def headlines(findings: list[dict[str, Any]], when: Clock | None = None) -> list[dict[str, Any]]:
     """One row per group (folded as the report folds them), worst first: severity, then total impact;
-    the groups of findings the latest analysis did not find after the others."""
+    the groups of findings the latest analysis did not find after the others. ``when`` gives the
+    worst occurrence's time (:func:`clock`; without it the column is empty)."""
     rows = []
     for members in _by_presence(findings):
-        rows += _headlines(members)
+        rows += _headlines(members, when)
     return rows
 
 
@@ -157,7 +223,7 @@ def _by_presence(findings: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [part for part in ([f for f in findings if present(f)], [f for f in findings if not present(f)]) if part]
 
 
-def _headlines(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _headlines(findings: list[dict[str, Any]], when: Clock | None) -> list[dict[str, Any]]:
     rows = []
     for g in fold_groups(findings):
         members = [findings[i] for i in g["findings"]]
@@ -166,7 +232,8 @@ def _headlines(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "id": group_id(worst), "severity": g["severity"], "kind": g["kind"],
             "rank": _common(m["rank"] for m in members), "device": _common(m["device"] for m in members),
             "count": g["count"], "impact_ms": _ms(g["impact_ns"]), "worst_ms": _ms(worst["impact_ns"]),
-            "status": _statuses(members), "assignee": ", ".join(sorted({m["assignee"] for m in members if m["assignee"]})),
+            "when_ms": when(worst) if when else None, "status": _statuses(members),
+            "assignee": ", ".join(sorted({m["assignee"] for m in members if m["assignee"]})),
             "latest": FOUND if present(worst) else MISSING,
             "title": _link(worst), "worst_title": worst["title"], "worst_id": worst["id"],
         })  # fmt: skip
@@ -185,12 +252,13 @@ def sort_rows(rows: list[dict[str, Any]], sort_by: list[dict[str, str]]) -> list
     return rows
 
 
-def occurrences(members: list[dict[str, Any]]) -> html.Div:
+def occurrences(members: list[dict[str, Any]], when: Clock | None = None) -> html.Div:
     """A group's occurrences, largest impact first, each linked to its finding."""
     shared = {k: _common(m[k] for m in members) for k in ("rank", "device", "pid")}
     place = f" on {where(shared)}" if any(v is not None for v in shared.values()) else ""
     total = sum(m["impact_ns"] for m in members)
-    rows = [{"impact_ms": _ms(m["impact_ns"]), "rank": m["rank"], "device": m["device"], "start_ms": _ms(m["start_ns"]),
+    rows = [{"impact_ms": _ms(m["impact_ns"]), "rank": m["rank"], "device": m["device"],
+             "when_ms": when(m) if when else None, "start_ms": _ms(m["start_ns"]),
              "window_ms": _ms(m["end_ns"] - m["start_ns"]), "status": m["status"], "assignee": m["assignee"] or "",
              "latest": FOUND if present(m) else MISSING, "title": _link(m), "id": m["id"]}
             for m in sorted(members, key=lambda m: (-m["impact_ns"], m["id"]))]  # fmt: skip

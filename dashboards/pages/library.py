@@ -1,4 +1,5 @@
-"""The trace library: every registered trace, its analysis progress and its findings by severity."""
+"""The trace library: every registered trace, its analysis progress and its findings by severity,
+and a search across every trace's findings (title, kind, group key, kernel and other evidence)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dash import Input, Output, State, dcc, html
 
 from dashboards import ids
 from dashboards.library import UploadRefused, save_upload, scan_directory
-from dashboards.pages.common import captured
+from dashboards.pages.common import captured, severity_badge, where
 from dashboards.server import Server
 
 
@@ -31,6 +32,10 @@ def layout(server: Server) -> html.Div:
         html.Div(actions, className="actions"),
         html.Div(id=ids.LIBRARY_MESSAGE),
         html.Div(_table(server), id=ids.LIBRARY_TABLE),
+        html.H2("Search findings"),
+        dcc.Input(id=ids.SEARCH_ALL, type="search", placeholder="title, kind, group or kernel, in every trace",
+                  debounce=0.4, maxLength=SEARCH_CHARS, className="search"),
+        html.Div(id=ids.SEARCH_ALL_RESULTS),
         # always on: traces someone else registers, and their progress, show up without a reload
         dcc.Interval(id=ids.LIBRARY_POLL, interval=1000),
     ])  # fmt: skip
@@ -61,6 +66,32 @@ def register(app: dash.Dash, server: Server) -> None:
     )
     def _refresh(_n: int) -> Any:
         return _table(server)
+
+    @app.callback(Output(ids.SEARCH_ALL_RESULTS, "children"), Input(ids.SEARCH_ALL, "value"), prevent_initial_call=True)
+    def _search(text: str | None) -> Any:
+        return search_results(server, text)
+
+
+SEARCH_CHARS = 200
+SEARCH_LIMIT = 200  # findings listed at most
+
+
+def search_results(server: Server, text: str | None) -> Any:
+    """The findings of every trace's latest analysis that hold ``text``, largest impact first, each
+    linked to its page and its trace."""
+    text = (text or "").strip()[:SEARCH_CHARS]
+    if not text:
+        return None
+    found = server.store.search_findings(text, limit=SEARCH_LIMIT + 1)
+    if not found:
+        return html.P(f"No finding holds {text!r}.", className="hint")
+    more = len(found) > SEARCH_LIMIT
+    items = [html.Li([severity_badge(f["severity"]), " ", dcc.Link(f["title"], href=f"/findings/{f['id']}"),
+                      f" · {f['kind']} · {where(f)} · {f['status']}{' · ' + f['assignee'] if f['assignee'] else ''} · in ",
+                      dcc.Link(f["trace_name"], href=f"/traces/{f['trace_id']}/findings")], className="search-hit")
+             for f in found[:SEARCH_LIMIT]]  # fmt: skip
+    count = f"first {SEARCH_LIMIT}" if more else str(len(found))
+    return html.Div([html.P(f"{count} finding{'s' if len(found) != 1 else ''}:", className="hint"), html.Ul(items)])
 
 
 def _table(server: Server) -> html.Div:

@@ -10,10 +10,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 # The schema's number, which every Alembic revision records in nsysan_meta for older nsysan to read
 # (2: findings.group; 3: comments and notes in one table, remarks; 4: findings.present and
-# missing_since, findings kept across re-analysis); docs/store.md
-SCHEMA_VERSION = 4
+# missing_since, findings kept across re-analysis; 5: review_events, the history of status and
+# assignee); docs/store.md
+SCHEMA_VERSION = 5
 VERSION_TABLE = "nsysan_alembic_version"  # Alembic's, named for nsysan in case the database is shared
 FINDING_STATUSES = ("open", "confirmed", "false positive", "fixed")
+REVIEWED_FIELDS = ("status", "assignee")  # what a review event records a change of
 
 
 def _now() -> dt.datetime:
@@ -80,6 +82,8 @@ class FindingRecord(Base):
     trace: Mapped[TraceRecord] = relationship(back_populates="findings")
     comments: Mapped[list[RemarkRecord]] = relationship(back_populates="finding", cascade="all, delete-orphan",
                                                         order_by="RemarkRecord.id")  # fmt: skip
+    events: Mapped[list[ReviewEventRecord]] = relationship(back_populates="finding", cascade="all, delete-orphan",
+                                                           order_by="ReviewEventRecord.id")  # fmt: skip
 
 
 class RemarkRecord(Base):
@@ -107,3 +111,25 @@ class RemarkRecord(Base):
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
     trace: Mapped[TraceRecord] = relationship(back_populates="remarks")
     finding: Mapped[FindingRecord | None] = relationship(back_populates="comments")
+
+
+class ReviewEventRecord(Base):
+    """One change of a finding's status or assignee: who, when, from what to what (``None``: no assignee).
+
+    A table of its own rather than a kind of remark: an event has a field and two values where a
+    remark has a text, and every row here is one saved change (a save that changes both fields
+    writes two rows, with one time and one ``version``, the finding's version the save made).
+    """
+
+    __tablename__ = "review_events"
+    __table_args__ = (sa.CheckConstraint("field IN ('status', 'assignee')", name="review_event_field"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    trace_id: Mapped[int] = mapped_column(sa.ForeignKey("traces.id", ondelete="CASCADE"), index=True)
+    finding_id: Mapped[int] = mapped_column(sa.ForeignKey("findings.id", ondelete="CASCADE"), index=True)
+    author: Mapped[str] = mapped_column(sa.String(128))
+    field: Mapped[str] = mapped_column(sa.String(16))
+    old_value: Mapped[str | None] = mapped_column(sa.String(128), default=None)
+    new_value: Mapped[str | None] = mapped_column(sa.String(128), default=None)
+    version: Mapped[int] = mapped_column()  # the finding's version this change made
+    created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
+    finding: Mapped[FindingRecord] = relationship(back_populates="events")

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from nsysan.errors import InputError, NsysanError
 from nsysan.store import identity, schema
-from nsysan.store.models import FINDING_STATUSES, FindingRecord, RemarkRecord, TraceRecord, _now
+from nsysan.store.models import FINDING_STATUSES, FindingRecord, RemarkRecord, ReviewEventRecord, TraceRecord, _now
 
 
 class StaleEdit(NsysanError):
@@ -199,41 +199,128 @@ class ReviewStore:
             return [_finding(f) for f in s.scalars(query.order_by(FindingRecord.impact_ns.desc(), FindingRecord.id))]
 
     def finding(self, finding_id: int) -> dict[str, Any]:
+        """One finding with its review: ``comments``, ``events`` (status and assignee changes) and
+        ``thread``, both in the order they happened."""
         with self.session() as s:
             record = s.get(FindingRecord, finding_id)
             if record is None:
                 raise NotFound(f"no finding {finding_id}")
-            return _finding(record) | {"comments": [_remark(c) for c in record.comments]}
+            comments = [_remark(c) for c in record.comments]
+            events = [_event(e) for e in record.events]
+            return _finding(record) | {"comments": comments, "events": events, "thread": _thread(comments, events)}
+
+    def review_state(self, finding_id: int) -> dict[str, Any]:
+        """What an open page polls (cheap: no evidence): the finding's version, status and assignee,
+        and how many comments and events its thread has."""
+        with self.session() as s:
+            row = s.execute(
+                sa.select(FindingRecord.version, FindingRecord.status, FindingRecord.assignee).where(
+                    FindingRecord.id == finding_id
+                )
+            ).one_or_none()
+            if row is None:
+                raise NotFound(f"no finding {finding_id}")
+            count = sa.select(sa.func.count())
+            comments = s.scalar(count.select_from(RemarkRecord).where(RemarkRecord.finding_id == finding_id))
+            events = s.scalar(count.select_from(ReviewEventRecord).where(ReviewEventRecord.finding_id == finding_id))
+        return {"version": row.version, "status": row.status, "assignee": row.assignee,
+                "comments": comments or 0, "events": events or 0}  # fmt: skip
 
     def update_finding(self, finding_id: int, *, based_on_version: int, status: str | None = None,
-                       assignee: str | None = None) -> int:  # fmt: skip
-        """Change status and/or assignee; returns the new version. Refuses stale edits."""
-        changes: dict[str, Any] = {}
+                       assignee: str | None = None, author: str = "anonymous") -> int:  # fmt: skip
+        """Change status and/or assignee; returns the finding's version after it. Each field that
+        changes is recorded as a review event by ``author``; a save that changes nothing (the finding
+        already has these values) writes nothing and keeps the version, whatever version it was
+        based on. Refuses a stale edit: one that would change a finding someone else saved since
+        ``based_on_version``."""
+        wanted: dict[str, Any] = {}
         if status is not None:
             if status not in FINDING_STATUSES:
                 raise InputError(f"status {status!r}: one of {', '.join(FINDING_STATUSES)}")
-            changes["status"] = status
+            wanted["status"] = status
         if assignee is not None:
-            changes["assignee"] = assignee.strip() or None
+            wanted["assignee"] = assignee.strip() or None
         with self._session.begin() as s:
-            # one statement: compare-and-set on the version, atomic in SQLite and PostgreSQL alike
-            result = cast(
-                sa.CursorResult[Any],
-                s.execute(
-                    sa.update(FindingRecord)
-                    .where(FindingRecord.id == finding_id, FindingRecord.version == based_on_version)
-                    .values(**changes, version=FindingRecord.version + 1)
-                ),
-            )
-            if result.rowcount == 1:
-                return based_on_version + 1
-            current = s.get(FindingRecord, finding_id)
-        if current is None:
+            current = s.execute(
+                sa.select(FindingRecord.trace_id, FindingRecord.version, FindingRecord.status, FindingRecord.assignee)
+                .where(FindingRecord.id == finding_id)
+            ).one_or_none()  # fmt: skip
+            if current is None:
+                raise NotFound(f"no finding {finding_id}")
+            changes = {k: v for k, v in wanted.items() if getattr(current, k) != v}
+            if not changes:
+                return int(current.version)  # nothing to save: no event, no new version
+            if current.version == based_on_version:
+                # one statement: compare-and-set on the version, atomic in SQLite and PostgreSQL alike;
+                # the values read above are those of this version, so they are the events' "from"
+                result = cast(
+                    sa.CursorResult[Any],
+                    s.execute(
+                        sa.update(FindingRecord)
+                        .where(FindingRecord.id == finding_id, FindingRecord.version == based_on_version)
+                        .values(**changes, version=FindingRecord.version + 1)
+                    ),
+                )
+                if result.rowcount == 1:
+                    now = _now()
+                    s.add_all(ReviewEventRecord(trace_id=current.trace_id, finding_id=finding_id, author=author,
+                                                field=k, old_value=getattr(current, k), new_value=v,
+                                                version=based_on_version + 1, created_at=now)
+                              for k, v in changes.items())  # fmt: skip
+                    return based_on_version + 1
+            now_at = s.get(FindingRecord, finding_id, populate_existing=True)
+        if now_at is None:
             raise NotFound(f"no finding {finding_id}")
         raise StaleEdit(
-            f"finding {finding_id} was changed by someone else (now version {current.version}, status "
-            f"{current.status!r}, assignee {current.assignee!r}); reload it and apply your change again"
+            f"finding {finding_id} was changed by someone else (now version {now_at.version}, status "
+            f"{now_at.status!r}, assignee {now_at.assignee!r}); reload it and apply your change again"
         )
+
+    def review(self, trace_id: int) -> dict[str, Any]:
+        """A trace's whole review, for export (:mod:`nsysan.store.export`): the trace, its notes, and
+        every finding (those the latest analysis no longer found too) with its thread."""
+        trace = self.trace(trace_id)
+        findings = self.findings(trace_id, include_missing=True)
+        with self.session() as s:
+            comments = s.scalars(sa.select(RemarkRecord).where(RemarkRecord.trace_id == trace_id,
+                                                               RemarkRecord.kind == "comment")
+                                 .order_by(RemarkRecord.id)).all()  # fmt: skip
+            events = s.scalars(sa.select(ReviewEventRecord).where(ReviewEventRecord.trace_id == trace_id)
+                               .order_by(ReviewEventRecord.id)).all()  # fmt: skip
+            by_finding: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
+            for c in comments:
+                by_finding.setdefault(c.finding_id or 0, ([], []))[0].append(_remark(c))
+            for e in events:
+                by_finding.setdefault(e.finding_id, ([], []))[1].append(_event(e))
+        for f in findings:
+            f["thread"] = _thread(*by_finding.get(f["id"], ([], [])))
+        return {"trace": {k: trace[k] for k in ("id", "name", "status", "ranks", "devices", "captured_utc_ns")},
+                "notes": self.notes(trace_id), "findings": findings}  # fmt: skip
+
+    def search_findings(self, text: str, limit: int = 200) -> list[dict[str, Any]]:
+        """Findings of every trace (of their latest analyses) whose title, kind, group key or evidence
+        (kernel names, say) contains ``text``, case-insensitively; largest impact first, each with its
+        trace's name as ``trace_name``."""
+        needle = text.strip().lower()
+        if not needle:
+            return []
+        searched = [
+            FindingRecord.title,
+            FindingRecord.kind,
+            FindingRecord.group,
+            sa.cast(FindingRecord.evidence, sa.Text),
+        ]
+        query = (
+            sa.select(FindingRecord, TraceRecord.name)
+            .join(TraceRecord, TraceRecord.id == FindingRecord.trace_id)
+            .where(
+                FindingRecord.present, sa.or_(*(sa.func.lower(c).contains(needle, autoescape=True) for c in searched))
+            )
+            .order_by(FindingRecord.impact_ns.desc(), FindingRecord.id)
+            .limit(limit)
+        )
+        with self.session() as s:
+            return [_finding(f) | {"trace_name": name} for f, name in s.execute(query)]
 
     def comment(self, finding_id: int, author: str, body: str) -> int:
         """Add a comment to a finding's thread."""
@@ -305,4 +392,15 @@ def _utc(when: dt.datetime) -> dt.datetime:
 
 
 def _remark(c: RemarkRecord) -> dict[str, Any]:
-    return {"id": c.id, "author": c.author, "body": c.body, "created_at": c.created_at.isoformat()}
+    return {"id": c.id, "author": c.author, "body": c.body, "created_at": _utc(c.created_at).isoformat()}
+
+
+def _event(e: ReviewEventRecord) -> dict[str, Any]:
+    return {"id": e.id, "author": e.author, "field": e.field, "from": e.old_value, "to": e.new_value,
+            "version": e.version, "created_at": _utc(e.created_at).isoformat()}  # fmt: skip
+
+
+def _thread(comments: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Comments and events in one list, in the order they happened (``kind`` says which)."""
+    merged = [c | {"kind": "comment"} for c in comments] + [e | {"kind": "event"} for e in events]
+    return sorted(merged, key=lambda entry: entry["created_at"])  # stable: each kind stays in its own order

@@ -1,0 +1,224 @@
+"""Review history and live state in a real Chromium (``nsysan serve`` in its own process): a change
+one reviewer saves shows in another's open page without a reload, an empty save changes nothing, the
+review exports with its thread, unsaved edits are not lost silently, and findings are searched."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import need
+from tests.test_dashboard_browser import _ready, serve
+from tools.browser import chromium_executable, launch_chromium
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    need(sync_playwright is not None, "Playwright (pip install playwright)")
+    need(chromium_executable().exists(), f"Chromium at {chromium_executable()} (Debian's chromium package)")
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        yield b
+        b.close()
+
+
+def _log_in(page, url: str, name: str, password: str) -> None:
+    page.goto(f"{url}/")
+    page.fill("#username", name)
+    page.fill("#password", password)
+    page.click("#login")
+    page.get_by_text(f"{name} ·").wait_for()
+
+
+def _trace_id(page, name: str) -> str:
+    """A trace's id, from its library row (the traces directory is scanned in no fixed order)."""
+    row = page.locator("tr", has=page.get_by_role("link", name=name, exact=True))
+    return row.get_attribute("data-trace")
+
+
+def _pick(page, dropdown: str, option: str) -> None:
+    page.click(dropdown)
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def test_a_change_one_reviewer_saves_shows_in_the_others_open_page(browser, tmp_path):
+    from dashboards.auth import hash_password
+
+    hashed = hash_password("pass-word-42")
+    s = serve(tmp_path, str(tmp_path / "review.sqlite"), host="0.0.0.0",
+              env={"NSYSAN_USERS": f"ana={hashed},ben={hashed}"})  # fmt: skip
+    try:
+        ana_context, ben_context = browser.new_context(), browser.new_context()  # two people, two sessions
+        ana, ben = ana_context.new_page(), ben_context.new_page()
+        _log_in(ana, s.url, "ana", "pass-word-42")
+        _ready(ana, "pipeline-stall")
+        _log_in(ben, s.url, "ben", "pass-word-42")
+        for page in (ana, ben):
+            page.goto(f"{s.url}/findings/1")
+            page.locator("#finding-status").wait_for()
+        # with login, the assignee is one of the server's users
+        ana.click("#finding-assignee")
+        assert {o.strip() for o in ana.get_by_role("option").all_inner_texts()} == {"ana", "ben"}
+        ana.get_by_role("option", name="ben", exact=True).click()
+        _pick(ana, "#finding-status", "confirmed")
+        ana.click("#finding-save")
+        ana.locator(".saved").wait_for()
+        # ben's page, never reloaded: the thread shows both changes by ana, the form takes them
+        ben.locator("#comments li.event", has_text="changed status").wait_for(timeout=15_000)
+        events = ben.locator("#comments li.event").all_inner_texts()
+        assert len(events) == 2 and all(e.startswith("ana") for e in events)
+        assert "open → confirmed" in events[0] and "nobody → ben" in events[1]
+        ben.locator(".live").wait_for()
+        assert ben.locator("#finding-status").inner_text().strip().startswith("confirmed")
+        assert "ben" in ben.locator("#finding-assignee").inner_text()
+        # and ben's save, based on the version he now has, is not refused
+        _pick(ben, "#finding-status", "fixed")
+        ben.click("#finding-save")
+        ben.locator(".saved").wait_for()
+        ben.fill("#comment-text", "fixed by moving rank 3's sends")
+        ben.click("#comment-add")
+        ana.locator("#comments li.comment", has_text="moving rank 3").wait_for(timeout=15_000)
+        ana.locator("#comments li.event", has_text="confirmed → fixed").wait_for()
+        assert ana.locator("#comments li.event").last.inner_text().startswith("ben")
+        # a name that is not a user is refused, even sent by hand (ana's session, the save callback)
+        from dashboards import ids
+        from nsysan.store import ReviewStore
+
+        store = ReviewStore(tmp_path / "review.sqlite")
+        outputs = [(ids.REVIEW_MESSAGE, "children"), (ids.FINDING_VERSION, "data"), (ids.COMMENTS, "children"),
+                   (ids.REVIEW_SEEN, "data")]  # fmt: skip
+        state = [(ids.STATUS, "value", "fixed"), (ids.ASSIGNEE, "value", "mallory"), (ids.FINDING_ID, "data", 1),
+                 (ids.FINDING_VERSION, "data", store.finding(1)["version"]), (ids.AUTHOR, "value", None)]  # fmt: skip
+        answer = ana.request.post(f"{s.url}/_dash-update-component", data={
+            "output": ".." + "...".join(f"{i}.{p}" for i, p in outputs) + "..",
+            "outputs": [{"id": i, "property": p} for i, p in outputs],
+            "inputs": [{"id": ids.SAVE, "property": "n_clicks", "value": 9}],
+            "state": [{"id": i, "property": p, "value": v} for i, p, v in state],
+            "changedPropIds": [f"{ids.SAVE}.n_clicks"],
+        })  # fmt: skip
+        assert answer.ok and "'mallory' is not a user of this server" in answer.text()
+        assert store.finding(1)["assignee"] == "ben"
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def served(tmp_path) -> Iterator[object]:
+    with serve(tmp_path, str(tmp_path / "review.sqlite")) as s:
+        yield s
+
+
+def test_an_empty_save_changes_nothing(browser, served, tmp_path):
+    from nsysan.store import ReviewStore
+
+    page = browser.new_page()
+    page.goto(served.url)
+    _ready(page, "pipeline-stall")
+    page.goto(f"{served.url}/findings/1")
+    page.locator("#finding-assignee").wait_for()
+    page.click("#finding-save")
+    page.locator(".unchanged").wait_for()
+    store = ReviewStore(tmp_path / "review.sqlite")
+    f = store.finding(1)
+    assert (f["version"], f["events"], f["status"]) == (1, [], "open")
+    page.fill("#finding-assignee", "dana")
+    page.click("#finding-save")
+    page.locator(".saved").wait_for()
+    page.click("#finding-save")  # saved already: nothing more
+    page.locator(".unchanged").wait_for()
+    f = store.finding(1)
+    assert f["version"] == 2 and [(e["field"], e["from"], e["to"]) for e in f["events"]] == [("assignee", None, "dana")]
+
+
+def test_the_review_exports_with_its_thread(browser, served):
+    page = browser.new_page()
+    page.goto(served.url)
+    _ready(page, "pipeline-stall")
+    page.goto(f"{served.url}/findings/1")
+    page.locator("#finding-assignee").wait_for()
+    page.fill("#author", "sam")
+    page.keyboard.press("Tab")
+    _pick(page, "#finding-status", "confirmed")
+    page.click("#finding-save")
+    page.locator(".saved").wait_for()
+    page.fill("#comment-text", "Rank 3 starts its sends late.")
+    page.click("#comment-add")
+    page.locator("li.comment").wait_for()
+    page.goto(served.url)
+    _ready(page, "pipeline-stall")
+    page.goto(f"{served.url}/traces/{_trace_id(page, 'pipeline-stall')}/findings")
+    page.locator("#findings-table").get_by_text("nccl_ordering_stall").wait_for()
+    exported = {}
+    for fmt in ("csv", "json", "md"):
+        with page.expect_download() as download:
+            page.click(f"a.export-{fmt}")
+        exported[fmt] = Path(download.value.path()).read_text()
+    (finding,) = json.loads(exported["json"])["findings"]
+    assert finding["status"] == "confirmed"
+    assert [(e["kind"], e["author"]) for e in finding["thread"]] == [("event", "sam"), ("comment", "sam")]
+    rows = list(csv.DictReader(io.StringIO(exported["csv"])))
+    assert [r["entry"] for r in rows] == ["finding", "event", "comment"] and rows[2][
+        "text"
+    ] == "Rank 3 starts its sends late."
+    assert "changed status open -> confirmed" in exported["md"] and "Rank 3 starts its sends late." in exported["md"]
+
+
+def test_unsaved_edits_ask_before_the_page_is_left(browser, served):
+    page = browser.new_page()
+    page.goto(served.url)
+    _ready(page, "pipeline-stall")
+    page.goto(f"{served.url}/findings/1")
+    page.locator("#finding-assignee").wait_for()
+    assert page.locator("#review-form").get_attribute("data-dirty") == "false"
+    page.fill("#finding-assignee", "dana")  # typed, not saved
+    page.wait_for_function("document.getElementById('review-form').getAttribute('data-dirty') === 'true'")
+    asked: list[str] = []
+
+    def answer(dialog) -> None:
+        asked.append(dialog.type)
+        dialog.dismiss()  # stay
+
+    page.on("dialog", answer)
+    page.get_by_role("link", name="all findings").click()  # a link inside the dashboard
+    assert asked == ["confirm"] and page.url.endswith("/findings/1") and page.input_value("#finding-assignee") == "dana"
+    page.click("#finding-save")
+    page.locator(".saved").wait_for()
+    page.wait_for_function("document.getElementById('review-form').getAttribute('data-dirty') === 'false'")
+    page.fill("#comment-text", "half a thought")  # an unposted comment counts too
+    page.wait_for_function("document.getElementById('review-form').getAttribute('data-dirty') === 'true'")
+    page.evaluate("window.location.assign('/')")  # leaving the dashboard (as closing or reloading the tab)
+    page.wait_for_timeout(500)
+    assert asked[1:] == ["beforeunload"] and page.url.endswith("/findings/1")
+    assert page.input_value("#comment-text") == "half a thought"  # stayed: nothing lost
+
+
+def test_findings_show_when_and_are_searched_in_a_trace_and_across_traces(browser, served):
+    page = browser.new_page()
+    page.goto(served.url)
+    _ready(page, "pipeline-stall")
+    _ready(page, "pipeline-stall-fixed")
+    page.fill("#search-all", "sendrecv")
+    hit = page.locator("li.search-hit")
+    hit.first.wait_for()
+    assert hit.count() == 1 and "pipeline-stall" in hit.inner_text() and "nccl_ordering_stall" in hit.inner_text()
+    page.fill("#search-all", "no such kernel")
+    page.get_by_text("No finding holds").wait_for()
+    page.goto(f"{served.url}/traces/{_trace_id(page, 'pipeline-stall')}/findings")
+    table = page.locator("#findings-table")
+    table.get_by_text("nccl_ordering_stall").wait_for()
+    headers = table.locator("th").all_inner_texts()
+    when = [h.strip() for h in headers].index("when (ms)")
+    assert float(table.locator("tbody tr").nth(1).locator("td").nth(when).inner_text()) >= 0
+    page.fill("#filter-text", "no such kernel")
+    table.get_by_text("nccl_ordering_stall").wait_for(state="detached")
+    page.fill("#filter-text", "SendRecv")
+    table.get_by_text("nccl_ordering_stall").wait_for()
