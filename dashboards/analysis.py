@@ -3,6 +3,11 @@
 Registering a trace returns at once; a single worker thread runs the report on it (so a big
 trace never blocks the pages), hands the document to the store, and then prepares its timeline,
 the one slow step of drawing it. Progress is kept per trace for the library page to show.
+
+A timeline the server does not hold (after a restart, or pushed out of the cache) is built the
+same way, off the request thread: :meth:`TimelineCache.prepare` starts it in the background and
+:meth:`TimelineCache.peek` tells a page whether it is there yet, so the overview shows "building the
+timeline…" and polls instead of holding a request (and a blank page) for the whole build.
 """
 
 from __future__ import annotations
@@ -65,6 +70,53 @@ class TimelineCache:
         self._items: OrderedDict[int, TimelineData] = OrderedDict()
         self._lock = threading.Lock()
         self._building: dict[int, threading.Lock] = {}
+        self._failed: dict[int, str] = {}  # why a background build failed, until it is asked for again
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nsysan-timeline")
+        self._queued: set[int] = set()
+
+    def peek(self, trace_id: int) -> TimelineData | None:
+        """The trace's timeline if it is built, without building it."""
+        with self._lock:
+            data = self._items.get(trace_id)
+            if data is not None:
+                self._items.move_to_end(trace_id)
+            return data
+
+    def prepare(self, trace_id: int) -> None:
+        """Build the trace's timeline in the background (once, however often asked); :meth:`peek`
+        has it when done, :meth:`failure` says why not."""
+        with self._lock:
+            if trace_id in self._items or trace_id in self._queued:
+                return
+            self._queued.add(trace_id)
+            self._failed.pop(trace_id, None)
+        self._background.submit(self._prepare, trace_id)
+
+    def building(self, trace_id: int) -> bool:
+        with self._lock:
+            return trace_id in self._queued
+
+    def failure(self, trace_id: int) -> str | None:
+        """Why the last background build of this trace's timeline failed (None: it did not)."""
+        with self._lock:
+            return self._failed.get(trace_id)
+
+    def shutdown(self) -> None:
+        self._background.shutdown(wait=False, cancel_futures=True)
+
+    def _prepare(self, trace_id: int) -> None:
+        try:
+            self.get(trace_id)
+        except InputError as exc:
+            with self._lock:
+                self._failed[trace_id] = str(exc)
+        except Exception:
+            log.exception("trace %s: timeline failed", trace_id)
+            with self._lock:
+                self._failed[trace_id] = "building the timeline failed; see the server log"
+        finally:
+            with self._lock:
+                self._queued.discard(trace_id)
 
     def get(self, trace_id: int) -> TimelineData:
         with self._lock:
@@ -134,6 +186,7 @@ class AnalysisQueue:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._timelines.shutdown()
 
     def _set(self, trace_id: int, stage: str) -> None:
         with self._lock:

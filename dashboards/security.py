@@ -90,10 +90,12 @@ def install(app: Any, max_upload_bytes: int) -> None:
 def content_security_policy(script_hashes: Sequence[str]) -> str:
     """Dash's renderer and components are served by this server; its one inline script (which
     starts the renderer) is allowed by its hash. Plotly and React set styles inline and Plotly
-    draws with data: and blob: images, so those are allowed; nothing loads from elsewhere."""
+    draws with data: and blob: images, so those are allowed; nothing loads from elsewhere. The
+    timeline's WebGL traces (Plotly's scattergl, drawn by regl) compile their shaders' glue code
+    with ``Function``, so eval is allowed; inline scripts other than Dash's own still are not."""
     directives = {
         "default-src": ["'self'"],
-        "script-src": ["'self'", *script_hashes],  # Dash quotes its hashes itself
+        "script-src": ["'self'", "'unsafe-eval'", *script_hashes],  # Dash quotes its hashes itself
         "style-src": ["'self'", "'unsafe-inline'"],
         "img-src": ["'self'", "data:", "blob:"],
         "font-src": ["'self'", "data:"],

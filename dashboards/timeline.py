@@ -33,6 +33,7 @@ LANE_COLOURS = {"compute": "#1f77b4", "NCCL": "#ff7f0e", "copies": "#2ca02c", "N
 SEVERITY_COLOURS = {"info": "#7f7f7f", "warning": "#e6a100", "critical": "#d62728"}
 ROW_DETAIL_LIMIT = 2_000  # intervals a row may show one by one before it is drawn as occupancy
 DEFAULT_BINS = 600
+MARKER_LIFT_PX = 12  # a finding's ▼ is drawn this far above its row's centre, in the gap between rows
 _KERNEL_COLUMNS = ("pid", "device", "start_ns", "end_ns", "short_name", "correlation_id")
 
 
@@ -137,8 +138,9 @@ class TimelineData:
         row_detail_limit: int = ROW_DETAIL_LIMIT,
     ) -> go.Figure:
         """The timeline over ``window_ns`` (job clock; default: everything), with a marker per group
-        of findings (:meth:`_markers`); ``highlight`` (a finding) gets its window shaded and its
-        evidence kernels outlined."""
+        of findings and rank row (:meth:`_markers`); ``highlight`` (a finding) gets its window shaded
+        and the ops its evidence names drawn red on every rank involved (:meth:`evidence_intervals`;
+        :meth:`evidence_drawn` says which, for a header)."""
         t0, t1 = window_ns or self.extent_ns
         t1 = max(t1, t0 + 1)
         labels = self.rows["label"].tolist()
@@ -170,13 +172,15 @@ class TimelineData:
                 fig.add_trace(self._segments(idx, labels, ms, LANE_COLOURS[lane], lane, width=12))
         if highlight is not None:
             self._highlight(fig, highlight, labels, ms, t0, t1)
-        self._markers(fig, findings, labels, ms)
+        self._markers(fig, findings, labels, ms, t0, t1, zoomed=window_ns is not None)
         fig.update_layout(
-            height=90 + 26 * max(len(labels), 1), margin={"l": 10, "r": 10, "t": 10, "b": 40},
+            height=114 + 26 * max(len(labels), 1), margin={"l": 10, "r": 10, "t": 34, "b": 40},  # t: room for the modebar
             showlegend=False, plot_bgcolor="white", uirevision="timeline", dragmode="zoom",
             xaxis={"title": "time since the trace's first activity (ms)", "range": [float(ms(t0)), float(ms(t1))],
                    "showgrid": True, "gridcolor": "#eee", "zeroline": False},
-            yaxis={"type": "category", "categoryorder": "array", "categoryarray": labels, "autorange": "reversed",
+            # every row stays on the axis at any zoom, in the same order: a fixed category list and
+            # range (first row on top), never autoranged from what the window happens to draw
+            yaxis={"type": "category", "categoryorder": "array", "categoryarray": labels, "autorange": False,
                    "fixedrange": True, "range": [len(labels) - 0.5, -0.5]},
         )  # fmt: skip
         return fig
@@ -220,31 +224,38 @@ class TimelineData:
             where &= rows["device"].isna() | (rows["device"] == device)
         return rows.index[where.fillna(False)].tolist()
 
-    def _markers(self, fig: go.Figure, findings: Sequence[dict[str, Any]], labels: list[str], ms: Any) -> None:
-        """One marker per group of findings (episodes of one problem), at its worst occurrence: a
-        problem seen fifty times is one marker, not fifty on top of each other."""
-        xs, ys, colours, text, ids = [], [], [], [], []
-        # findings may come bare, without kind or impact (benchmarks/overview.py): fold them all the same
-        findings = [{"kind": "", "impact_ns": 0} | f for f in findings]
-        for g in fold_groups(findings) if labels else ():
-            f = findings[g["worst"]]
-            rows = self._rows_of(f.get("rank"), f.get("device")) or [0]
-            start, _ = self.window_for(f, margin=0)
-            xs.append(float(ms(start + 1_000)))
-            ys.append(labels[rows[0]])
-            colours.append(SEVERITY_COLOURS.get(g["severity"], "#000"))
-            more = (
-                f"<br>worst of {g['count']} occurrences, {g['impact_ns'] / 1e6:,.2f} ms in all"
-                if g["count"] > 1
-                else ""
-            )
-            text.append(f"[{g['severity']}] {f['title']}{more}")
-            ids.append(f.get("id"))
-        if xs:
-            fig.add_trace(go.Scatter(
-                x=xs, y=ys, mode="markers", name="findings", customdata=ids, hovertext=text, hoverinfo="text",
-                marker={"symbol": "triangle-down", "size": 16, "color": colours, "line": {"color": "black", "width": 1}},
-            ))  # fmt: skip
+    def _markers(self, fig: go.Figure, findings: Sequence[dict[str, Any]], labels: list[str], ms: Any, t0: int,
+                 t1: int, zoomed: bool) -> None:  # fmt: skip
+        """One marker per group of findings (episodes of one problem) and rank row, at the worst
+        occurrence in the window, with "×N" when N occurrences fall there: fifty occurrences are a
+        few labelled markers, not fifty triangles on top of each other. Markers stay inside the
+        plot area, however close to its edge their occurrence starts."""
+        clusters = marker_clusters(self, findings, (t0, t1) if zoomed else None)
+        if not clusters:
+            return
+        span = t1 - t0
+        inset = max(span // 100, 1)
+        xs = [float(ms(min(max(c["at_ns"], t0 + inset), t1 - inset))) for c in clusters]
+        ys = [labels[c["row"]] for c in clusters]
+        # what is seen and clicked: an annotation per cluster ("▼×6"), lifted into the gap above its
+        # row; annotations are drawn above the WebGL bars, which would cover a trace's marker
+        for x, y, c in zip(xs, ys, clusters, strict=True):
+            colour = SEVERITY_COLOURS.get(c["severity"], "#000")
+            count = f"×{c['count']}" if c["count"] > 1 else ""
+            fig.add_annotation(
+                x=x, y=y, xref="x", yref="y", yshift=MARKER_LIFT_PX, showarrow=False, captureevents=True,
+                text=f"<span style='color:{colour}'>▼</span>{count}", font={"size": 15, "color": "#222"},
+                hovertext=c["hover"], name=f"finding-{c['id']}", xanchor="left" if count else "center",
+                xshift=-7 if count else 0,
+            )  # fmt: skip
+        # the same clusters as a trace on the rows (hover and click there too; plotly's clickData)
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="markers", name="findings", customdata=[c["id"] for c in clusters],
+            hovertext=[c["hover"] for c in clusters], hoverinfo="text", text=[f"×{c['count']}" if c["count"] > 1
+                                                                               else "" for c in clusters],
+            marker={"symbol": "triangle-down", "size": 14, "opacity": 0.6,
+                    "color": [SEVERITY_COLOURS.get(c["severity"], "#000") for c in clusters]},
+        ))  # fmt: skip
 
     def _highlight(self, fig: go.Figure, finding: dict[str, Any], labels: list[str], ms: Any, t0: int, t1: int) -> None:
         rows = self._rows_of(finding.get("rank"), finding.get("device"))
@@ -253,14 +264,143 @@ class TimelineData:
             fig.add_shape(type="rect", xref="x", yref="y", x0=float(ms(start)), x1=float(ms(end)),
                           y0=min(rows) - 0.5, y1=max(rows) + 0.5, line={"color": "#d62728", "width": 2},
                           fillcolor="rgba(214,39,40,0.08)", layer="below")  # fmt: skip
-        ids = evidence_correlation_ids(finding.get("evidence", {}))
-        if not ids or not rows:
-            return
-        mine = np.isin(self.row, rows) & np.isin(self.correlation, list(ids))
-        mine &= (self.end >= t0) & (self.start <= t1)
-        idx = np.flatnonzero(mine)
+        idx = self.evidence_intervals(finding)
+        idx = idx[(self.end[idx] >= t0) & (self.start[idx] <= t1)]
         if len(idx):
             fig.add_trace(self._segments(idx, labels, ms, "#d62728", "evidence", width=20))
+
+    # -- evidence ---------------------------------------------------------------------------
+
+    def to_job_clock(self, finding: dict[str, Any], ns: int) -> int:
+        """A time of a finding (its window, its evidence: the export's clock of its rank) on the job clock."""
+        rank = finding.get("rank")
+        return int(ns) + (self.rank_offset.get(int(rank), 0) if rank is not None else 0)
+
+    def ms_since_origin(self, job_ns: int) -> float:
+        """A job-clock time as the timeline's x axis shows it: ms since the trace's first activity."""
+        return (job_ns - self.origin_ns) / 1e6
+
+    def evidence_intervals(self, finding: dict[str, Any]) -> np.ndarray:
+        """Indexes of the intervals a finding's evidence names, on every rank involved: the ops named
+        by correlation id on the finding's rank, and for an ordering stall the late rank's op (the
+        NCCL kernel on ``late_rank`` that ends nearest the blocking op, which waited for it)."""
+        evidence = finding.get("evidence") or {}
+        rows = self._rows_of(finding.get("rank"), finding.get("device"))
+        found: list[np.ndarray] = []
+        ids = evidence_correlation_ids(evidence)
+        if ids and rows:
+            found.append(np.flatnonzero(np.isin(self.row, rows) & np.isin(self.correlation, list(ids))))
+        blocking = evidence.get("blocking_op") if isinstance(evidence, dict) else None
+        late = evidence.get("late_rank") if isinstance(evidence, dict) else None
+        if isinstance(late, int) and isinstance(blocking, dict) and isinstance(blocking.get("end_ns"), int):
+            target = self.to_job_clock(finding, blocking["end_ns"])
+            for i in self._rows_of(late, None):
+                if self.rows["lane"].iloc[i] != "NCCL":
+                    continue
+                lo, hi = self.bounds[i], self.bounds[i + 1]
+                if hi > lo:
+                    found.append(np.array([lo + int(np.argmin(np.abs(self.end[lo:hi] - target)))]))
+        if not found:
+            return np.array([], dtype=np.int64)
+        return np.unique(np.concatenate(found)).astype(np.int64)
+
+    def evidence_drawn(self, finding: dict[str, Any], window_ns: tuple[int, int] | None = None) -> list[str]:
+        """What :meth:`figure` outlines in red for ``finding`` in the window, one phrase per rank row
+        ("ncclDevKernel_SendRecv ×2 on rank 2 · GPU 2 · NCCL"): for a header that says what is drawn."""
+        idx = self.evidence_intervals(finding)
+        if window_ns is not None:
+            idx = idx[(self.end[idx] >= window_ns[0]) & (self.start[idx] <= window_ns[1])]
+        labels = self.rows["label"].tolist()
+        out = []
+        for r in sorted(set(self.row[idx].tolist())):
+            on_row = idx[self.row[idx] == r]
+            names = pd.Series(self.names[self.name[on_row]]).value_counts(sort=False)
+            what = ", ".join(f"{n} ×{c}" if c > 1 else str(n) for n, c in names.items())
+            out.append(f"{what} on {labels[r]}")
+        return out
+
+    def lane_ns(self) -> pd.DataFrame:
+        """Summed interval time per rank, GPU and lane (kernels per lane are what the report sums)."""
+        dur = pd.Series(self.end - self.start).groupby(self.row).sum()
+        rows = self.rows.assign(ns=dur.reindex(range(len(self.rows)), fill_value=0).to_numpy())
+        return rows[["rank", "device", "lane", "ns"]]
+
+
+TIME_KEYS = ("start_ns", "end_ns", "ready_ns", "launch_ns", "launched_ns", "device_ready_ns", "starts_ns")
+
+
+def evidence_items(data: TimelineData | None, finding: dict[str, Any]) -> list[dict[str, Any]]:
+    """A finding's evidence as readable lines: ``{"key": "blocked_op.ready_ns", "text": ..., "ms": ...}``,
+    times on the timeline's clock (ms since the first activity; ``ms`` is set so a page can zoom to
+    it), durations with units, the rest as they are. The finding page can show the same lines."""
+    from nsysan.report.format import duration
+
+    out: list[dict[str, Any]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+            return
+        key = prefix.rsplit(".", 1)[-1]
+        item: dict[str, Any] = {"key": prefix, "text": None, "ms": None}
+        if key in TIME_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            if data is not None:
+                at = data.ms_since_origin(data.to_job_clock(finding, value))
+                item["text"], item["ms"] = f"{at:,.3f} ms since first activity", at
+            else:
+                item["text"] = f"{value / 1e9:.6f} s (the export's clock)"
+        elif key.endswith("_ns") and isinstance(value, int | float) and not isinstance(value, bool):
+            item["text"] = duration(value)
+        elif key == "share_of_run" and isinstance(value, int | float):
+            item["text"] = f"{float(value):.1f}% of the run"
+        elif isinstance(value, list):
+            item["text"] = ", ".join(str(v) for v in value) or "–"
+        else:
+            item["text"] = "–" if value is None else str(value)
+        out.append(item)
+
+    walk("", finding.get("evidence") or {})
+    return out
+
+
+def marker_clusters(
+    data: TimelineData, findings: Sequence[dict[str, Any]], window_ns: tuple[int, int] | None = None
+) -> list[dict[str, Any]]:
+    """The timeline's finding markers: per group of findings and rank row, the occurrences (whose
+    window overlaps ``window_ns``, job clock, when given), drawn as one marker at the worst of them."""
+    if data.rows.empty:
+        return []
+    t0, t1 = window_ns or (-(2**62), 2**62)
+    findings = [{"kind": "", "impact_ns": 0, "severity": "info", "title": ""} | f for f in findings]
+    groups = fold_groups(findings)
+    clusters: dict[tuple[int, int], dict[str, Any]] = {}
+    for g_index, g in enumerate(groups):
+        for i in g["findings"]:
+            f = findings[i]
+            start, end = data.window_for(f, margin=0)
+            if end < t0 or start > t1:
+                continue
+            rows = data._rows_of(f.get("rank"), f.get("device")) or [0]
+            c = clusters.setdefault((g_index, rows[0]), {
+                "row": rows[0], "group": g["group"], "severity": g["severity"], "count": 0, "impact_ns": 0,
+                "worst": i, "of": g["count"], "group_impact_ns": g["impact_ns"],
+            })  # fmt: skip
+            c["count"] += 1
+            c["impact_ns"] += int(f["impact_ns"])
+            if f["impact_ns"] > findings[c["worst"]]["impact_ns"]:
+                c["worst"] = i
+    out = []
+    for c in clusters.values():
+        f = findings[c["worst"]]
+        c["id"] = f.get("id")
+        c["at_ns"] = data.window_for(f, margin=0)[0] + 1_000
+        more = f"<br>worst of {c['count']} occurrences, {c['impact_ns'] / 1e6:,.2f} ms in all" if c["count"] > 1 else ""
+        if c["of"] > c["count"]:
+            more += f"<br>the group: {c['of']} occurrences, {c['group_impact_ns'] / 1e6:,.2f} ms in all"
+        c["hover"] = f"[{c['severity']}] {f['title']}{more}"
+        out.append(c)
+    return out
 
 
 def _occupancy(

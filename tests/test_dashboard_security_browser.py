@@ -66,6 +66,10 @@ def test_no_page_breaks_under_the_content_security_policy(browser, served):
     _ready(page, "pipeline-stall-fixed")
     page.goto(f"{served}/traces/1")
     page.locator("#timeline .js-plotly-plot .main-svg").first.wait_for(state="attached")
+    # the bars are WebGL (regl compiles with Function): under a CSP without eval Plotly draws none
+    page.locator("#timeline .js-plotly-plot canvas.gl-canvas-context").first.wait_for(state="attached")
+    page.wait_for_timeout(500)
+    assert "WebGL is not supported" not in page.inner_text("body")
     page.goto(f"{served}/traces/1/findings")
     page.locator("#findings-table").wait_for()
     page.goto(f"{served}/findings/1")
