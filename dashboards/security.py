@@ -28,6 +28,7 @@ import flask
 from werkzeug.wrappers import Response
 
 from dashboards import ids
+from nsysan.store.store import MAX_NAME_CHARS, MAX_TEXT_CHARS
 
 CALLBACK_PATH = "/_dash-update-component"
 UPLOAD_PATH = "/upload"  # multipart uploads, streamed to disk (for scripts; the library page uses a callback)
@@ -37,10 +38,10 @@ NOTICE = "notice"  # the shell's message area, for what a refused callback shoul
 
 # text a reviewer types: (what it is called, most characters)
 FIELD_LIMITS: dict[str, tuple[str, int]] = {
-    ids.COMMENT_TEXT: ("comment", 10_000),
-    ids.NOTE_TEXT: ("note", 10_000),
-    ids.ASSIGNEE: ("assignee", 200),
-    ids.AUTHOR: ("name", 200),
+    ids.COMMENT_TEXT: ("comment", MAX_TEXT_CHARS),
+    ids.NOTE_TEXT: ("note", MAX_TEXT_CHARS),
+    ids.ASSIGNEE: ("assignee", MAX_NAME_CHARS),
+    ids.AUTHOR: ("name", MAX_NAME_CHARS),
 }
 # components whose value is a trace's or finding's id (or a version): whole numbers, as routes allow
 ID_FIELDS = frozenset({ids.TRACE_ID, ids.FINDING_ID, ids.FINDING_VERSION, ids.COMPARE_BEFORE, ids.COMPARE_AFTER})

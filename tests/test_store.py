@@ -552,3 +552,17 @@ def test_a_wrong_postgresql_password_is_a_user_error():
     with pytest.raises(StoreUnavailable, match=r"cannot open the store .*password authentication failed") as refused:
         ReviewStore(wrong.render_as_string(hide_password=False))
     assert "not-the-password" not in str(refused.value) and "***" in str(refused.value)
+
+
+def test_text_over_its_limit_is_refused_by_the_store_itself(store):
+    """SQLite keeps any length, so the store checks: a 5 MiB comment, a 129-character assignee."""
+    trace_id = _analysed(store, "launch-queue-full")
+    (finding,) = store.findings(trace_id)
+    with pytest.raises(InputError, match="comment is too long"):
+        store.comment(finding["id"], "ana", "x" * (5 * 2**20))
+    with pytest.raises(InputError, match="note is too long"):
+        store.note(trace_id, "ana", "x" * 10_001)
+    with pytest.raises(InputError, match="assignee is too long"):
+        store.update_finding(finding["id"], based_on_version=finding["version"], assignee="a" * 129)
+    store.comment(finding["id"], "ana", "x" * 10_000)  # at the limit: kept
+    assert [len(c["body"]) for c in store.finding(finding["id"])["comments"]] == [10_000]

@@ -26,6 +26,16 @@ from nsysan.errors import InputError, NsysanError
 from nsysan.store import identity, schema
 from nsysan.store.models import FINDING_STATUSES, FindingRecord, RemarkRecord, ReviewEventRecord, TraceRecord, _now
 
+# What a reviewer types, at most (characters): held here, whatever the caller, since SQLite does not
+# enforce a column's length and PostgreSQL would fail the whole save on a too-long name.
+MAX_TEXT_CHARS = 10_000  # a comment or a note
+MAX_NAME_CHARS = 128  # an author or an assignee (the columns' width)
+
+
+def _check_length(what: str, value: str | None, most: int) -> None:
+    if value is not None and len(value) > most:
+        raise InputError(f"the {what} is too long ({len(value):,} characters; at most {most:,})")
+
 
 class StaleEdit(NsysanError):
     """Someone changed the finding since this edit's author loaded it."""
@@ -239,7 +249,9 @@ class ReviewStore:
                 raise InputError(f"status {status!r}: one of {', '.join(FINDING_STATUSES)}")
             wanted["status"] = status
         if assignee is not None:
+            _check_length("assignee", assignee.strip(), MAX_NAME_CHARS)
             wanted["assignee"] = assignee.strip() or None
+        _check_length("author", author, MAX_NAME_CHARS)
         with self._session.begin() as s:
             current = s.execute(
                 sa.select(FindingRecord.trace_id, FindingRecord.version, FindingRecord.status, FindingRecord.assignee)
@@ -345,6 +357,8 @@ class ReviewStore:
 
     def _remark(self, s: Session, kind: str, trace_id: int, author: str, body: str,
                 finding_id: int | None = None) -> int:  # fmt: skip
+        _check_length(kind, body, MAX_TEXT_CHARS)
+        _check_length("author", author, MAX_NAME_CHARS)
         record = RemarkRecord(kind=kind, trace_id=trace_id, finding_id=finding_id, author=author, body=body)
         s.add(record)
         s.flush()
