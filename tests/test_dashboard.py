@@ -359,3 +359,25 @@ def test_hash_password_prints_a_hash_that_verifies():
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert check_password_hash(result.stdout.strip(), "s3cret-pass")
+
+
+def test_the_finding_page_shows_evidence_on_the_timelines_clock_and_says_what_is_drawn(tmp_path):
+    """Evidence times are ms since the first activity (the axis), not the export's raw ns, and the
+    header names the ops drawn red on both ranks of an ordering stall."""
+    from dashboards.analysis import analyse_stored_trace
+    from dashboards.pages import finding as page
+    from dashboards.server import Server
+    from nsysan.store import ReviewStore
+
+    store = ReviewStore(tmp_path / "r.sqlite")
+    trace_id = store.register(sample_paths("pipeline-stall"), name="pipeline-stall")
+    analyse_stored_trace(store, trace_id)
+    (stall,) = [f for f in store.findings(trace_id) if f["kind"] == "nccl_ordering_stall"]
+    server = Server(store, traces_dir=None, uploads_dir=tmp_path / "up", max_upload_bytes=2**20)
+    text = str(page.layout(server, stall["id"]))
+    assert "drawn red: ncclDevKernel_SendRecv" in text and "rank 3" in text and "rank 2" in text
+    assert "ms since first activity" in text
+    ready_ns = stall["evidence"]["blocked_op"]["ready_ns"]
+    data = server.timelines.get(trace_id)
+    expected = data.ms_since_origin(data.to_job_clock(stall, ready_ns))
+    assert f"{expected:,.3f} ms since first activity" in text

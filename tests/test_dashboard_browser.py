@@ -93,7 +93,8 @@ def test_review_a_finding_and_see_it_persist(browser, served, tmp_path):
     # the finding: zoomed timeline with its evidence, advice, then review it
     page.locator("#finding-timeline .main-svg").first.wait_for()
     assert "NCCL runs a stream's (and a communicator's) operations in order" in page.locator(".advice").inner_text()
-    assert '"late_rank": 3' in page.locator(".evidence").inner_text()
+    evidence = page.locator(".evidence-table").inner_text()
+    assert "late_rank\t3" in evidence and "ms since first activity" in evidence
     page.click("#finding-status")
     page.get_by_role("option", name="confirmed").click()
     page.fill("#finding-assignee", "dana")

@@ -25,6 +25,7 @@ from dash.exceptions import PreventUpdate
 from dashboards import ids
 from dashboards.pages.common import missing, severity_badge, thread, where, zoomed_figure
 from dashboards.server import Server
+from dashboards.timeline import TimelineData, evidence_items
 from nsysan.errors import InputError
 from nsysan.report.format import duration, share_of_run
 from nsysan.store import FINDING_STATUSES, NotFound, StaleEdit
@@ -40,6 +41,7 @@ def layout(server: Server, finding_id: int) -> html.Div:
     except NotFound:
         return missing(f"No finding {finding_id}.")
     trace = server.store.trace(f["trace_id"])
+    data: TimelineData | None = None
     try:
         data = server.timelines.get(f["trace_id"])
         timeline: Any = dcc.Graph(id=ids.FINDING_TIMELINE, figure=data.figure(data.window_for(f), server.store.findings(f["trace_id"]),
@@ -53,7 +55,7 @@ def layout(server: Server, finding_id: int) -> html.Div:
         html.H1([severity_badge(f["severity"]), " ", f["title"]], className="finding-title"),
         _missing(f),
         html.P(f"{f['kind']} · {where(f)} · impact {duration(f['impact_ns'])}{_share(f)} · window {duration(f['end_ns'] - f['start_ns'])} "
-               "(outlined in red; the evidence kernels are drawn thick and red)", className="meta"),
+               f"({_drawn(data, f)})", className="meta"),
         dcc.Store(id=ids.FINDING_ID, data=finding_id),
         dcc.Store(id=ids.TRACE_ID, data=f["trace_id"]),
         dcc.Store(id=ids.FINDING_VERSION, data=f["version"]),
@@ -63,7 +65,7 @@ def layout(server: Server, finding_id: int) -> html.Div:
         html.Div(className="columns", children=[
             html.Div(className="column", children=[
                 html.H2("Fix"), html.P(f["advice"], className="advice"),
-                html.H2("Evidence"), html.Pre(json.dumps(f["evidence"], indent=2), className="evidence"),
+                html.H2("Evidence"), _evidence(data, f),
             ]),
             html.Div(className="column review", children=[
                 html.H2("Review"),
@@ -169,6 +171,27 @@ def _missing(f: dict[str, Any]) -> html.P | None:
     since = f" (since {f['missing_since'][:16].replace('T', ' ')} UTC)" if f.get("missing_since") else ""
     return html.P(f"Not found in the latest analysis{since}: kept with its review; the window and evidence are those "
                   "of the analysis that last found it.", className="error missing-finding")  # fmt: skip
+
+
+def _drawn(data: TimelineData | None, f: dict[str, Any]) -> str:
+    """What the timeline shows for this finding, as drawn (the header must not promise more)."""
+    if data is None:
+        return "no timeline to draw on"
+    drawn = data.evidence_drawn(f, data.window_for(f))
+    if drawn:
+        return f"its window shaded; drawn red: {'; '.join(drawn)}"
+    return "its window shaded; its evidence names no kernel or copy to draw"
+
+
+def _evidence(data: TimelineData | None, f: dict[str, Any]) -> html.Div:
+    """The evidence as readable lines (times on the timeline's clock, durations with units), and the
+    raw record as stored for whoever needs the export's own numbers."""
+    rows = [html.Tr([html.Th(item["key"]), html.Td(item["text"])]) for item in evidence_items(data, f)]
+    return html.Div([
+        html.Table(html.Tbody(rows), className="evidence-table"),
+        html.Details([html.Summary("as stored (the export's clock)"),
+                      html.Pre(json.dumps(f["evidence"], indent=2), className="evidence")]),
+    ])  # fmt: skip
 
 
 def _share(f: dict[str, Any]) -> str:
