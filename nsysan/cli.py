@@ -105,6 +105,16 @@ def report(
             help="Exit with code 3 when a finding at this severity or worse exists: use it as a CI gate.",
         ),
     ] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache",
+            metavar="DIR",
+            help="Keep the frames read from each export in DIR (default: $XDG_CACHE_HOME/nsysan/frames), "
+            "so the next look at an unchanged export skips SQLite.",
+        ),
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Read every export afresh; write no cache.")] = False,
 ) -> None:
     """Analyse nsys exports: per-rank GPU time, NCCL, NVTX, limits of the capture, and findings.
 
@@ -119,6 +129,7 @@ def report(
 
     fmt = output_format_for(output_format.value if output_format else None, output)
     overrides = parse_settings(settings or [])
+    _configure_cache(cache_dir, no_cache)
     manifests = [m for m in map(read_manifest, traces) if m is not None]  # run directories of `nsysan capture`
     if output is not None and output.resolve() in {p.resolve() for p in expand_inputs(traces)}:
         raise InputError(f"{output}: is one of the input traces; choose another --output file")
@@ -153,6 +164,14 @@ def report(
         unclean = [m for m in manifests if m["status"] != "ok"]
         if unclean:
             raise GateFailed(f"the capture {unclean[0]['status']} (manifest.json): no clean run to pass the gate")
+
+
+def _configure_cache(directory: Path | None, off: bool) -> None:
+    """The frame cache for this command's loads: on unless --no-cache (or NSYSAN_CACHE=0 with no --cache)."""
+    from nsysan.ingest.cache import ENV, configure
+
+    unset = os.environ.get(ENV, "").strip().lower() in ("0", "off", "no", "false")
+    configure(enabled=not off and (directory is not None or not unset), directory=directory)
 
 
 class DiffFailOn(str, Enum):
@@ -228,6 +247,16 @@ def diff(
         list[str] | None,
         typer.Option("--set", metavar="KIND.PARAM=VALUE", help="Detector threshold, as for `report` (repeatable)."),
     ] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--cache",
+            metavar="DIR",
+            help="Keep the frames read from each export in DIR (default: $XDG_CACHE_HOME/nsysan/frames), "
+            "so the next look at an unchanged export skips SQLite.",
+        ),
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Read every export afresh; write no cache.")] = False,
 ) -> None:
     """Compare two captures of one job (before/after a change): step time, GPU time, NCCL, kernels, findings.
 
@@ -243,6 +272,7 @@ def diff(
     fmt = output_format_for(output_format.value if output_format else None, output)
     threshold = parse_threshold(fail_on_regression) if fail_on_regression is not None else None
     overrides = parse_settings(settings or [])
+    _configure_cache(cache_dir, no_cache)
     if output is not None:
         from nsysan.ingest import expand_inputs
 
@@ -269,6 +299,37 @@ def diff(
     _write(text, output)
     if verdict["failed"]:
         raise GateFailed("; ".join(verdict["reasons"]))
+
+
+cache_app = typer.Typer(
+    help="The frame cache: what `report` and `diff` keep of each export they read (docs/cache.md).",
+    no_args_is_help=True,
+)
+app.add_typer(cache_app, name="cache")
+CacheDir = Annotated[
+    Path | None,
+    typer.Option("--cache", metavar="DIR", help="The cache directory (default: $XDG_CACHE_HOME/nsysan/frames)."),
+]
+
+
+@cache_app.command("info")
+def cache_info(cache_dir: CacheDir = None) -> None:
+    """Where the frame cache is, how many exports it holds and its size on disk."""
+    from nsysan.ingest.cache import FrameCache
+
+    info = FrameCache(cache_dir).info()
+    typer.echo(f"location: {info.location}")
+    typer.echo(f"entries:  {info.entries} export(s), {info.files} file(s)")
+    typer.echo(f"size:     {info.size_bytes / 2**20:.1f} MiB")
+
+
+@cache_app.command("clear")
+def cache_clear(cache_dir: CacheDir = None) -> None:
+    """Remove every entry of the frame cache (only nsysan's entries; the directory stays)."""
+    from nsysan.ingest.cache import FrameCache
+
+    removed = FrameCache(cache_dir).clear()
+    typer.echo(f"removed {removed} cache entr{'y' if removed == 1 else 'ies'}")
 
 
 @app.command()

@@ -15,6 +15,13 @@ REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _frame_cache_of_our_own(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`nsysan report` caches frames in the user's cache directory: the tests (and the processes
+    they start) use one of their own, so they neither fill the user's nor read stale entries."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 def need(condition: bool, what: str) -> None:
     """Skip locally, fail in CI, when a real part is missing."""
     if condition:

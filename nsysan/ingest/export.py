@@ -17,6 +17,7 @@ import struct
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -104,6 +105,10 @@ class NsysExport:
         url = f"sqlite+pysqlite:///file:{quote(str(self.path.resolve()))}?mode=ro&uri=true"
         self._engine = sa.create_engine(url, poolclass=NullPool)
         self._conn: sa.Connection | None = None
+        # The Arrow reader's own read-only connection (ADBC's SQLite driver): opened on the first
+        # integer read; False once it failed or is not installed (the sqlite3 path then reads).
+        self._arrow_uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        self._arrow: Any = None if os.environ.get("NSYSAN_ARROW", "1") != "0" else False
         self._enums: dict[str, pd.DataFrame] = {}
         self._replace_bad_utf8 = False
         # (what, reason) -> rows left out or repaired while reading, for the report's limitations
@@ -129,6 +134,9 @@ class NsysExport:
         return self._conn
 
     def close(self) -> None:
+        if self._arrow:
+            self._arrow.close()
+        self._arrow = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -189,7 +197,15 @@ class NsysExport:
         each. With ``integers=True`` (every selected value a non-NULL integer) chunks become one
         int64 array, several times cheaper than pandas' per-column object conversion; if a value
         is not an integer after all, the query is read again the general way.
+
+        Integer reads go first through Arrow (:meth:`_arrow_ints`): SQLite's values land in int64
+        arrays in C, with no Python object per value; anything it cannot read that way (a NULL, a
+        REAL or text value, a damaged file, no ADBC driver installed) is read by the path above.
         """
+        if integers:
+            df = self._arrow_ints(sql, params)
+            if df is not None:
+                return df
         try:
             dbapi = self._connection().connection.dbapi_connection
             assert dbapi is not None, "an open SQLAlchemy connection holds its DBAPI connection"
@@ -225,6 +241,50 @@ class NsysExport:
             block = block.reshape(-1, len(names))
             return pd.DataFrame({n: np.ascontiguousarray(block[:, i]) for i, n in enumerate(names)}, copy=False)
         return chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
+
+    def _arrow_ints(self, sql: str, params: tuple[object, ...] = ()) -> pd.DataFrame | None:
+        """An all-integer SELECT read through Arrow into one int64 block, or None where a value is
+        not a non-NULL integer (Arrow would type it otherwise) or the read failed.
+
+        Record batches are copied into the block one at a time and let go, so the peak is the
+        columns once in Arrow plus once in numpy, and pandas takes the block without a copy.
+        """
+        if self._arrow is False:
+            return None
+        try:
+            if self._arrow is None:
+                import adbc_driver_sqlite.dbapi as adbc
+
+                self._arrow = adbc.connect(self._arrow_uri)
+            cursor = self._arrow.cursor()
+        except Exception:
+            self._arrow = False  # no driver, or it cannot open the file: the sqlite3 path reads
+            return None
+        try:
+            cursor.execute(sql, params or None)
+            reader = cursor.fetch_record_batch()
+            names = list(reader.schema.names)
+            batches = list(reader)
+        except Exception:  # a type change mid-table, a damaged page: the sqlite3 path decides
+            return None
+        finally:
+            cursor.close()
+        rows = sum(b.num_rows for b in batches)
+        if rows == 0:  # no rows: Arrow cannot know the types, the frame is int64 as before
+            return pd.DataFrame({name: np.array([], dtype=np.int64) for name in names})
+        if any(str(t) != "int64" for t in reader.schema.types) or any(c.null_count for b in batches for c in b.columns):
+            return None
+        block = np.empty((len(names), rows), dtype=np.int64)
+        at = 0
+        batches.reverse()
+        while batches:
+            batch = batches.pop()
+            for i, column in enumerate(batch.columns):
+                block[i, at : at + batch.num_rows] = column.to_numpy()
+            at += batch.num_rows
+        del batch, column
+        _release_arrow_memory()
+        return pd.DataFrame(block.T, columns=names, copy=False)
 
     def scalar(self, sql: str, params: tuple[object, ...] = ()) -> object:
         try:
@@ -332,6 +392,14 @@ class NsysExport:
             if sep:
                 env[key] = value.strip('"')
         return env
+
+
+def _release_arrow_memory() -> None:
+    """Hand Arrow's freed buffers back to the system (its allocator keeps them for reuse), so a
+    read's Arrow copy does not stay in the process's footprint beside the frames built from it."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def _lenient_text(raw: bytes) -> str:

@@ -37,16 +37,19 @@ ranks              pid process rank local_rank world_size rank_source
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
 
 from nsysan.errors import InputError
 from nsysan.ingest import frames
+from nsysan.ingest.cache import FrameCache, process_cache
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.inputs import expand_inputs
 from nsysan.ingest.nccl import NCCL_COLUMNS, classify_kernels
@@ -66,6 +69,12 @@ class ExportInfo:
 
 
 _INT64_MAX = 2**63 - 1
+# The kernel columns a report reads: the first request for any of them reads them all, so the
+# largest table is scanned once rather than once per consumer (overview, then each detector).
+_READ_TOGETHER = frozenset(
+    {"pid", "device", "stream", "correlation_id", "start_ns", "end_ns", "name", "short_name", "grid", "block",
+     "graph_node_id"}
+)  # fmt: skip
 # Frames of the whole export, not of a process: no rank to attach.
 _WITHOUT_RANK = frozenset({"processes", "devices"})
 
@@ -73,8 +82,11 @@ _WITHOUT_RANK = frozenset({"processes", "devices"})
 class Trace:
     """One job made of one or more exports. Use :func:`load_trace` to build it."""
 
-    def __init__(self, exports: list[NsysExport], input_notes: Iterable[str] = ()) -> None:
+    def __init__(
+        self, exports: list[NsysExport], input_notes: Iterable[str] = (), cache: FrameCache | None = None
+    ) -> None:
         self._exports = exports
+        self._cache = cache
         self.input_notes = list(input_notes)
         self._kernel_cache: pd.DataFrame | None = None
         self._frames: dict[str, pd.DataFrame] = {}
@@ -100,10 +112,18 @@ class Trace:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _gather(self, reader: Callable[[NsysExport], pd.DataFrame], with_rank: bool = True) -> pd.DataFrame:
+    def _read(self, x: NsysExport, name: str, reader: Callable[[NsysExport], pd.DataFrame]) -> pd.DataFrame:
+        """``reader(x)``, through the frame cache when this trace has one (``name`` keys the read)."""
+        if self._cache is None:
+            return reader(x)
+        return self._cache.read(x, name, functools.partial(reader, x))
+
+    def _gather(
+        self, reader: Callable[[NsysExport], pd.DataFrame], with_rank: bool = True, name: str = ""
+    ) -> pd.DataFrame:
         parts = []
         for i, x in enumerate(self._exports):
-            df = reader(x)
+            df = self._read(x, name, reader) if name else reader(x)
             df.insert(0, "export", i)
             parts.append(df)
         df = frames.concat_frames(parts)
@@ -141,9 +161,16 @@ class Trace:
         wanted = [c for c in frames.KERNEL_SOURCES if c in set(columns)]
         cache = self._kernel_cache
         missing = [c for c in wanted if cache is None or c not in cache]
+        if _READ_TOGETHER.intersection(missing):
+            missing = [
+                c
+                for c in frames.KERNEL_SOURCES
+                if c in missing or (c in _READ_TOGETHER and (cache is None or c not in cache))
+            ]
         if missing:
             reader = functools.partial(frames.read_frame, frame="kernels", columns=missing)
-            part = self._gather(reader, with_rank="pid" in missing)
+            key = "kernels." + hashlib.sha256(" ".join(missing).encode()).hexdigest()[:16]
+            part = self._gather(reader, with_rank="pid" in missing, name=key)
             if "short_name" in missing:
                 nccl = classify_kernels(part["short_name"])
                 for column in nccl.columns:
@@ -162,7 +189,7 @@ class Trace:
         """A frame of :data:`~nsysan.ingest.frames.FRAMES` (or ``nccl_calls``), read on first use and kept."""
         if name not in self._frames:
             reader = read_nccl_calls if name == "nccl_calls" else functools.partial(frames.read_frame, frame=name)
-            self._frames[name] = self._gather(reader, with_rank=name not in _WITHOUT_RANK)
+            self._frames[name] = self._gather(reader, with_rank=name not in _WITHOUT_RANK, name=name)
         return self._frames[name]
 
     @property
@@ -191,7 +218,12 @@ class Trace:
         def matching(x: NsysExport) -> pd.DataFrame:
             index = self._exports.index(x)
             wanted = ids[index] if index in ids.index else none
-            return frames.read_frame(x, "cuda_api", correlation_ids=wanted)
+            read = functools.partial(frames.read_frame, frame="cuda_api", correlation_ids=wanted)
+            if self._cache is None:
+                return read(x)
+            unique = np.unique(pd.Series(wanted).dropna().astype("int64").to_numpy())
+            digest = hashlib.sha256(unique.tobytes()).hexdigest()[:16]
+            return self._read(x, f"cuda_api.launches.{digest}", read)
 
         return self._gather(matching)
 
@@ -241,7 +273,9 @@ class Trace:
         """Judge the timestamps of every table no reader has read yet (one SQL scan each), so that
         :meth:`dropped_rows` covers tables only a detector reads, whenever it runs."""
         for x in self._exports:
-            frames.audit_times(x)
+            # what the audit judges depends on what reads judged already: that set keys the entry
+            judged = " ".join(sorted(set(x.time_drops) | set(x.partial_time_drops)))
+            self._read(x, "audit." + hashlib.sha256(judged.encode()).hexdigest()[:16], _audit)
 
     def dropped_rows(self) -> pd.DataFrame:
         """Rows the readers left out or repaired so far: (export, what, reason, rows)."""
@@ -290,14 +324,25 @@ class Trace:
         return out
 
 
+def _audit(x: NsysExport) -> pd.DataFrame:
+    """The timestamp audit of one export, as a read the frame cache can keep (it notes, reads nothing)."""
+    frames.audit_times(x)
+    return pd.DataFrame({"audited": [1]})
+
+
 def _process_key(export: pd.Series, pid: pd.Series) -> np.ndarray:
     """One int64 per (export, pid): pids fit in 24 bits."""
     key: np.ndarray = export.to_numpy(dtype=np.int64) << 32 | pid.to_numpy(dtype=np.int64)
     return key
 
 
-def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
+def load_trace(
+    inputs: Iterable[str | os.PathLike[str]], cache: FrameCache | Literal["process"] | None = "process"
+) -> Trace:
     """Open every export named by ``inputs`` (files, directories, globs) as one Trace.
+
+    ``cache``: where frames read from the exports are kept for the next load (see
+    :mod:`nsysan.ingest.cache`); by default the process's cache, which is off unless configured.
 
     Raises an :class:`~nsysan.errors.InputError` naming the file for anything unusable,
     including an export with neither CUDA tables nor NVTX events (nothing to analyse).
@@ -318,4 +363,4 @@ def load_trace(inputs: Iterable[str | os.PathLike[str]]) -> Trace:
         for x in exports:
             x.close()
         raise
-    return Trace(exports, input_notes=skipped)
+    return Trace(exports, input_notes=skipped, cache=process_cache() if cache == "process" else cache)

@@ -1,0 +1,167 @@
+"""Scale benchmark: ``nsysan report`` on 1M..8M-kernel exports against the floors, in one run.
+
+    python benchmarks/scale.py [--sizes 1,2,4,8] [--repeat 1]
+
+For each size (millions of kernels) it builds (once, cached under .nsysan-work/, with the
+generator of benchmarks/ingest.py) an 8-rank export, then times in fresh child processes:
+
+* sqlite GROUP BY: the per-name kernel summary computed inside SQLite (the floor of any reader);
+* arrow fetch:     the kernel columns the full report reads, fetched into Arrow (ADBC's SQLite driver);
+* nsys stats:      ``nsys stats --report gpukernsum`` (when nsys is found: $NSYS, PATH or nsysan's cache);
+* report cold:     ``nsysan report --format json`` with an empty frame cache (it fills it);
+* report cached:   the same again, reading the cache;
+* report no-cache: ``--no-cache``.
+
+Each row: wall and CPU seconds and the child's peak RSS (``os.wait4``'s rusage of that child
+alone). Then the ratios against the targets (cold report faster than nsys stats and within 2x of
+the Arrow fetch; peak RSS <= the export's size; cached <= 20% of cold) and the log-log slope of
+the cold report's CPU time against the number of kernels (1.0: linear).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from ingest import _QUERIES, WORK, build  # noqa: E402
+
+GROUP_BY = (
+    "SELECT shortName, count(*), sum(end - start), min(end - start), max(end - start) "
+    "FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY shortName"
+)
+_SQLITE = """
+import sqlite3, sys
+con = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+print(len(con.execute(sys.argv[2]).fetchall()))
+"""
+_ARROW = """
+import sys
+import adbc_driver_sqlite.dbapi as adbc
+con = adbc.connect(f"file:{sys.argv[1]}?mode=ro")
+cur = con.cursor()
+cur.execute(sys.argv[2])
+print(cur.fetch_arrow_table().num_rows)
+"""
+
+
+def nsys_binary() -> str | None:
+    for candidate in (
+        os.environ.get("NSYS"),
+        shutil.which("nsys"),
+        str(Path.home() / ".cache/nsysan/nsys/usr/bin/nsys"),
+    ):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def measure(cmd: list[str], cwd: Path = REPO, env: dict[str, str] | None = None) -> dict[str, float]:
+    """Wall, CPU (user + sys) and peak RSS of one child process (and only it)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]} failed ({proc.returncode}): {err[-500:]}")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mib": usage.ru_maxrss / 1024}
+
+
+def best(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The run with the least CPU time (the one least disturbed by the machine's other work)."""
+    return min(runs, key=lambda r: r["cpu_s"])
+
+
+def slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of log(y) against log(x)."""
+    if len(points) < 2:
+        return None
+    xs, ys = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,2,4,8", help="millions of kernels, comma-separated")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (the least CPU is kept)")
+    args = parser.parse_args()
+    sizes = [float(s) for s in args.sizes.split(",") if s.strip()]
+    nsys = nsys_binary()
+    WORK.mkdir(exist_ok=True)
+    py = sys.executable
+    results = []
+    for size in sizes:
+        kernels = int(size * 1_000_000)
+        path = WORK / f"bench-{kernels}.sqlite"
+        t0 = time.perf_counter()
+        build(path, kernels)
+        mib = path.stat().st_size / 2**20
+        print(
+            f"\n== {kernels:,} kernels: {path} ({mib:.0f} MiB; built/cached in {time.perf_counter() - t0:.0f} s)",
+            flush=True,
+        )
+        out = subprocess.run([py, "-c", _QUERIES, str(path)], capture_output=True, text=True, check=True, cwd=REPO)
+        report_sql = json.loads(out.stdout)[1]
+        cache = Path(tempfile.mkdtemp(prefix="nsysan-scale-"))
+        report = [py, "-m", "nsysan", "report", str(path), "--format", "json"]
+        env = {k: v for k, v in os.environ.items() if k != "NSYSAN_CACHE"}
+        runs: dict[str, list[dict[str, float]]] = {}
+        for _ in range(args.repeat):
+            shutil.rmtree(cache, ignore_errors=True)
+            steps = [
+                ("sqlite GROUP BY", [py, "-c", _SQLITE, str(path), GROUP_BY]),
+                ("arrow fetch", [py, "-c", _ARROW, str(path), report_sql]),
+                *([("nsys stats gpukernsum", [nsys, "stats", "--report", "gpukernsum", "--format", "csv",
+                                              "--output", "-", str(path)])] if nsys else []),
+                ("report cold", [*report, "--cache", str(cache)]),
+                ("report cached", [*report, "--cache", str(cache)]),
+                ("report no-cache", [*report, "--no-cache"]),
+            ]  # fmt: skip
+            for name, cmd in steps:
+                runs.setdefault(name, []).append(measure(cmd, env=env))
+        shutil.rmtree(cache, ignore_errors=True)
+        row = {name: best(r) for name, r in runs.items()}
+        for name, r in row.items():
+            print(f"  {name:24s} wall {r['wall_s']:6.2f} s  cpu {r['cpu_s']:6.2f} s  peak RSS {r['rss_mib']:6.0f} MiB")
+        cold, cached, arrow = row["report cold"], row["report cached"], row["arrow fetch"]
+        ratios = {
+            "cold_over_arrow_fetch_cpu": cold["cpu_s"] / arrow["cpu_s"],
+            "cold_over_group_by_cpu": cold["cpu_s"] / row["sqlite GROUP BY"]["cpu_s"],
+            "cached_over_cold_cpu": cached["cpu_s"] / cold["cpu_s"],
+            "cold_rss_over_file_size": cold["rss_mib"] / mib,
+        }
+        if "nsys stats gpukernsum" in row:
+            ratios["cold_over_nsys_stats_cpu"] = cold["cpu_s"] / row["nsys stats gpukernsum"]["cpu_s"]
+        print(
+            f"  ratios: cold/arrow {ratios['cold_over_arrow_fetch_cpu']:.2f}x (target <= 2), "
+            + (f"cold/nsys {ratios['cold_over_nsys_stats_cpu']:.2f}x (target < 1), " if nsys else "")
+            + f"cached/cold {ratios['cached_over_cold_cpu']:.2f} (target <= 0.20), "
+            f"RSS/file {ratios['cold_rss_over_file_size']:.2f} (target <= 1)"
+        )
+        results.append({"kernels": kernels, "file_mib": round(mib, 1), "runs": row, "ratios": ratios})
+    points = {
+        name: slope([(r["kernels"], r["runs"][name]["cpu_s"]) for r in results])
+        for name in ("report cold", "report cached", "arrow fetch", "sqlite GROUP BY")
+    }
+    print("\nlog-log slope of CPU time vs kernels: " + ", ".join(
+        f"{k} {v:.2f}" for k, v in points.items() if v is not None) if len(results) > 1 else "")  # fmt: skip
+    print(json.dumps({"results": results, "slopes": points}, default=lambda v: round(v, 3)))
+
+
+if __name__ == "__main__":
+    main()

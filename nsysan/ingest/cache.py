@@ -1,0 +1,258 @@
+"""A Parquet cache of ingested frames, so that a second look at the same export skips SQLite.
+
+Each export gets one entry: a directory named by the export's identity (its size, mtime_ns and a
+hash of its first MiB, which holds SQLite's header and change counter) and by
+:data:`READER_VERSION`. In it, one Parquet file per read (a frame, a set of kernel columns, the
+launch calls of some kernels, the timestamp audit), each carrying in its metadata what that read
+noted on the export (rows left out, strings missing): a hit replays those notes, so the report's
+limitations are the same as on a cold read.
+
+The cache lives in ``$XDG_CACHE_HOME/nsysan/frames`` (``~/.cache/nsysan/frames``), never beside
+the user's trace unless asked (``--cache DIR``). Writes go to a temporary file renamed into place;
+an entry that cannot be read is read from the export again and rewritten; a directory that cannot
+be written costs one note on stderr and nothing else. Turned on per process with :func:`configure`
+(the CLI does) or ``NSYSAN_CACHE`` (``1``/``on``, ``0``/``off`` or a directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from nsysan.ingest.export import NsysExport
+
+# Bump whenever a reader's output changes (a column, a dtype, a rule on dropped rows): entries
+# written by another version are never read.
+READER_VERSION = "1"
+_HEAD_BYTES = 1 << 20
+_META_KEY = b"nsysan"
+ENV = "NSYSAN_CACHE"
+
+
+def default_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "nsysan" / "frames"
+
+
+def export_key(path: Path) -> str:
+    """The identity of one export's contents as nsysan reads them (changes when the file does)."""
+    st = path.stat()
+    digest = hashlib.sha256(f"{READER_VERSION} {st.st_size} {st.st_mtime_ns} ".encode())
+    with path.open("rb") as fh:
+        digest.update(fh.read(_HEAD_BYTES))
+    return digest.hexdigest()[:32]
+
+
+def _is_entry(p: Path) -> bool:
+    return p.is_dir() and len(p.name) == 32 and all(c in "0123456789abcdef" for c in p.name)
+
+
+@dataclass
+class CacheInfo:
+    location: Path
+    entries: int
+    files: int
+    size_bytes: int
+
+
+class FrameCache:
+    """One cache directory (see the module's doc)."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else default_dir()
+        self.writable = True
+        self.hits = 0
+        self.misses = 0
+
+    # -- maintenance ------------------------------------------------------------------------
+
+    def info(self) -> CacheInfo:
+        entries = [p for p in self.directory.iterdir() if _is_entry(p)] if self.directory.is_dir() else []
+        files = [f for e in entries for f in e.iterdir() if f.is_file()]
+        return CacheInfo(self.directory, len(entries), len(files), sum(f.stat().st_size for f in files))
+
+    def clear(self) -> int:
+        """Remove every entry (only nsysan's entry directories); returns how many."""
+        entries = [p for p in self.directory.iterdir() if _is_entry(p)] if self.directory.is_dir() else []
+        for entry in entries:
+            shutil.rmtree(entry, ignore_errors=True)
+        return len(entries)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def read(self, x: NsysExport, name: str, reader: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+        """``reader()``'s frame for export ``x``, from the cache when an entry holds it; otherwise
+        read, then stored with the notes the read left on ``x``."""
+        entry = self._entry(x)
+        file = entry / f"{_safe(name)}.parquet" if entry is not None else None
+        if file is not None and file.is_file():
+            hit = _load(file)
+            if hit is not None:
+                df, notes = hit
+                _replay(x, notes)
+                self.hits += 1
+                return df
+        self.misses += 1
+        before = _snapshot(x)
+        df = reader()
+        if file is not None and self.writable:
+            self._store(file, df, _notes_since(x, before))
+        return df
+
+    def _entry(self, x: NsysExport) -> Path | None:
+        key = getattr(x, "_cache_key", None)
+        if key is None:
+            try:
+                key = export_key(x.path)
+            except OSError:
+                key = ""
+            x._cache_key = key  # type: ignore[attr-defined]
+        return self.directory / key if key else None
+
+    def _store(self, file: Path, df: pd.DataFrame, notes: dict[str, Any]) -> None:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            plain, dtypes = _encode(df)
+            table = pa.Table.from_pandas(plain, preserve_index=False)
+            meta = dict(table.schema.metadata or {})
+            doc = {"version": READER_VERSION, "notes": notes, "columns": list(df.columns), "dtypes": dtypes}
+            meta[_META_KEY] = json.dumps(doc).encode()
+            table = table.replace_schema_metadata(meta)
+            file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    pq.write_table(table, fh, compression="zstd")
+                os.replace(tmp, file)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            self.writable = False
+            sys.stderr.write(
+                f"nsysan: note: frame cache {self.directory} is not writable ({exc.strerror or exc}); "
+                "reading without it\n"
+            )
+        except (ImportError, ValueError, TypeError, NotImplementedError) as exc:
+            # a frame Arrow cannot hold (mixed objects): that read stays uncached, nothing else changes
+            _ = exc
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _encode(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """``df`` with categoricals as their codes, and what restores every column's exact dtype
+    (Parquet's own pandas metadata loses empty categories, their dtype and object columns)."""
+    plain: dict[str, Any] = {}
+    dtypes: dict[str, Any] = {}
+    for i, name in enumerate(df.columns):
+        col = df.iloc[:, i]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            cats = col.cat.categories
+            dtypes[name] = {"category": cats.tolist(), "dtype": str(cats.dtype), "ordered": bool(col.cat.ordered)}
+            plain[name] = col.cat.codes.to_numpy()
+        else:
+            dtypes[name] = str(col.dtype)
+            plain[name] = col
+    return pd.DataFrame(plain), dtypes
+
+
+def _decode(df: pd.DataFrame, columns: list[str], dtypes: dict[str, Any]) -> pd.DataFrame:
+    out: dict[str, Any] = {}
+    for name in columns:
+        col, dtype = df[name], dtypes[name]
+        if isinstance(dtype, dict):
+            cats: Any = pd.Index(dtype["category"], dtype=dtype["dtype"])
+            out[name] = pd.Categorical.from_codes(col.to_numpy(), categories=cats, ordered=dtype["ordered"])
+        elif dtype != str(col.dtype):
+            out[name] = col.astype(object).where(col.notna(), None) if dtype == "object" else col.astype(dtype)
+        else:
+            out[name] = col
+    return pd.DataFrame(out, columns=columns)
+
+
+def _load(file: Path) -> tuple[pd.DataFrame, dict[str, Any]] | None:
+    """A stored frame and its notes, or None when the file is damaged or from another reader."""
+    try:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(file)
+        meta = json.loads((table.schema.metadata or {})[_META_KEY])
+        if meta.get("version") != READER_VERSION:
+            return None
+        return _decode(table.to_pandas(), meta["columns"], meta["dtypes"]), meta["notes"]
+    except Exception:
+        return None
+
+
+# -- the notes a read leaves on the export --------------------------------------------------------
+
+
+def _key(k: tuple[str, str]) -> list[str]:
+    return [k[0], k[1]]
+
+
+def _snapshot(x: NsysExport) -> tuple[Counter[tuple[str, str]], set[str], dict[str, int]]:
+    return Counter(x.dropped), set(x.time_drops), {t: sum(c.values()) for t, c in x.partial_time_drops.items()}
+
+
+def _notes_since(x: NsysExport, before: tuple[Counter[tuple[str, str]], set[str], dict[str, int]]) -> dict[str, Any]:
+    dropped, timed, partial = before
+    delta = [[*_key(k), n - dropped.get(k, 0)] for k, n in x.dropped.items() if n != dropped.get(k, 0)]
+    times = {t: [[*_key(k), n] for k, n in c.items()] for t, c in x.time_drops.items() if t not in timed}
+    parts = {
+        t: [[*_key(k), n] for k, n in c.items()]
+        for t, c in x.partial_time_drops.items()
+        if t not in partial or sum(c.values()) != partial[t]
+    }
+    return {"dropped": delta, "time_drops": times, "partial_time_drops": parts}
+
+
+def _replay(x: NsysExport, notes: dict[str, Any]) -> None:
+    """What the cached read noted on its export, noted again as the read itself would."""
+    for what, reason, n in notes.get("dropped", []):
+        x.dropped[(what, reason)] += int(n)
+    for table, rows in notes.get("time_drops", {}).items():
+        x.time_drops.setdefault(table, Counter({(w, r): int(n) for w, r, n in rows}))
+    for table, rows in notes.get("partial_time_drops", {}).items():
+        counts = Counter({(w, r): int(n) for w, r, n in rows})
+        if table not in x.partial_time_drops or sum(counts.values()) > sum(x.partial_time_drops[table].values()):
+            x.partial_time_drops[table] = counts
+
+
+# -- the process's cache --------------------------------------------------------------------------
+
+_configured: FrameCache | bool | None = None  # None: not configured (NSYSAN_CACHE decides); False: off
+
+
+def configure(enabled: bool, directory: Path | None = None) -> None:
+    """Turn the cache on (in ``directory``, else the default) or off for this process's loads."""
+    global _configured
+    _configured = FrameCache(directory) if enabled else False
+
+
+def process_cache() -> FrameCache | None:
+    """The cache :func:`~nsysan.ingest.trace.load_trace` uses when not told: as configured, else as
+    ``NSYSAN_CACHE`` says (off when unset, so a library user's reads write nothing unasked)."""
+    global _configured
+    if _configured is None:
+        value = os.environ.get(ENV, "").strip()
+        if value.lower() in ("", "0", "off", "no", "false"):
+            return None
+        _configured = FrameCache(None if value.lower() in ("1", "on", "yes", "true") else Path(value))
+    return _configured if isinstance(_configured, FrameCache) else None

@@ -1,0 +1,162 @@
+"""The frame cache: a hit gives the same frames and report, a changed export is read again,
+damage and an unwritable directory cost nothing but the cache, and `nsysan cache` info/clear."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import stat
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from nsysan.cli import app
+from nsysan.ingest import load_trace
+from nsysan.ingest.cache import FrameCache, export_key
+from nsysan.ingest.frames import FRAMES
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "fixtures" / "samples" / "allreduce-2rank.sqlite"
+ALL = [*FRAMES, "nccl_calls", "ranks"]
+runner = CliRunner()
+
+
+def frames_of(path: Path, cache: FrameCache | None) -> dict[str, pd.DataFrame]:
+    with load_trace([path], cache=cache) as t:
+        out = {name: getattr(t, name) for name in ALL}
+        t.audit_times()
+        out["dropped"] = t.dropped_rows()
+    return out
+
+
+def assert_same(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], obj=name)
+
+
+@pytest.fixture
+def export(tmp_path: Path) -> Path:
+    path = tmp_path / "trace.sqlite"
+    shutil.copy(SAMPLE, path)
+    return path
+
+
+def test_hit_gives_identical_frames(tmp_path, export):
+    cache = FrameCache(tmp_path / "cache")
+    fresh = frames_of(export, None)
+    cold = frames_of(export, cache)
+    assert cache.hits == 0 and cache.misses > 0
+    hot_cache = FrameCache(tmp_path / "cache")
+    hot = frames_of(export, hot_cache)
+    assert hot_cache.misses == 0 and hot_cache.hits == cache.misses
+    assert_same(fresh, cold)
+    assert_same(fresh, hot)
+
+
+def test_report_identical_from_cache_and_cache_outside_the_trace_dir(tmp_path, export):
+    before = set(export.parent.iterdir())
+    args = ["report", str(export), "--format", "json", "--cache", str(tmp_path / "cache")]
+    cold = runner.invoke(app, args, catch_exceptions=False)
+    hot = runner.invoke(app, args, catch_exceptions=False)
+    bare = runner.invoke(app, ["report", str(export), "--format", "json", "--no-cache"], catch_exceptions=False)
+    assert cold.exit_code == hot.exit_code == bare.exit_code == 0
+    assert cold.stdout == hot.stdout == bare.stdout
+    assert set(export.parent.iterdir()) - before == {tmp_path / "cache"} - before
+    assert FrameCache(tmp_path / "cache").info().entries == 1
+
+
+def test_changed_export_is_read_again(tmp_path, export):
+    cache = FrameCache(tmp_path / "cache")
+    key = export_key(export)
+    frames_of(export, cache)
+    with sqlite3.connect(export) as con:  # a real change: one kernel fewer
+        con.execute(
+            "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = (SELECT max(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)"
+        )
+    con.close()
+    assert export_key(export) != key
+    again = FrameCache(tmp_path / "cache")
+    changed = frames_of(export, again)
+    assert again.hits == 0
+    assert_same(changed, frames_of(export, None))
+    st = export.stat()
+    os.utime(export, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched only: a new entry too
+    touched = FrameCache(tmp_path / "cache")
+    frames_of(export, touched)
+    assert touched.hits == 0
+    assert FrameCache(tmp_path / "cache").info().entries == 3
+
+
+def test_corrupt_entry_is_ignored_and_rewritten(tmp_path, export):
+    cache = FrameCache(tmp_path / "cache")
+    fresh = frames_of(export, cache)
+    entry = tmp_path / "cache" / export_key(export)
+    files = sorted(entry.glob("*.parquet"))
+    assert files
+    files[0].write_bytes(b"not parquet")
+    files[1].write_bytes(files[1].read_bytes()[:40])
+    again = FrameCache(tmp_path / "cache")
+    assert_same(frames_of(export, again), fresh)
+    assert again.misses == 2
+    third = FrameCache(tmp_path / "cache")
+    frames_of(export, third)
+    assert third.misses == 0
+    assert not list(entry.glob("*.tmp"))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_unwritable_cache_dir_reads_without_it(tmp_path, export, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        cache = FrameCache(locked / "frames")
+        assert_same(frames_of(export, cache), frames_of(export, None))
+        assert capsys.readouterr().err.count("not writable") == 1
+    finally:
+        locked.chmod(stat.S_IRWXU)
+
+
+def test_cache_path_is_a_file_reads_without_it(tmp_path, export, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = FrameCache(blocker)
+    assert_same(frames_of(export, cache), frames_of(export, None))
+    assert capsys.readouterr().err.count("not writable") == 1
+
+
+def test_cache_info_and_clear(tmp_path, export):
+    where = tmp_path / "cache"
+    empty = runner.invoke(app, ["cache", "info", "--cache", str(where)], catch_exceptions=False)
+    assert empty.exit_code == 0 and "0 export(s)" in empty.stdout and str(where) in empty.stdout
+    frames_of(export, FrameCache(where))
+    (where / "unrelated.txt").write_text("kept")
+    full = runner.invoke(app, ["cache", "info", "--cache", str(where)], catch_exceptions=False)
+    assert "1 export(s)" in full.stdout
+    cleared = runner.invoke(app, ["cache", "clear", "--cache", str(where)], catch_exceptions=False)
+    assert cleared.exit_code == 0 and "removed 1" in cleared.stdout
+    assert FrameCache(where).info().entries == 0
+    assert (where / "unrelated.txt").exists()
+
+
+def test_default_dir_follows_xdg(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert FrameCache().directory == tmp_path / "nsysan" / "frames"
+
+
+def test_audit_from_cache_matches_whatever_was_read_before(tmp_path, export):
+    """The audit judges only tables no read judged: a load that read other frames gets its own entry."""
+    cache_dir = tmp_path / "cache"
+    for frames_read in (["kernels", "nvtx"], ["memcpy"], ["kernels", "nvtx"]):
+        results = []
+        for cache in (FrameCache(cache_dir), None):
+            with load_trace([export], cache=cache) as t:
+                for name in frames_read:
+                    getattr(t, name)
+                t.audit_times()
+                results.append(t.dropped_rows())
+        pd.testing.assert_frame_equal(results[0], results[1])
