@@ -506,6 +506,7 @@ def serve(
         raise InputError("--max-upload-mb must be positive")
     if not 0 < session_hours <= 24 * 365:
         raise InputError("--session-hours must be positive (and at most a year)")
+    _configure_cache(None, off=False)  # a re-analysis or a restart reads the exports' frames from the cache
     store = ReviewStore(db)
     typer.echo(f"nsysan: serving http://{host}:{port}/ (store {store.engine.url.render_as_string(hide_password=True)}"
                f"{', traces from ' + str(traces_dir) if traces_dir else ''}{', login required' if users else ''})", err=True)  # fmt: skip
