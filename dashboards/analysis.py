@@ -92,6 +92,12 @@ class TimelineCache:
             self._failed.pop(trace_id, None)
         self._background.submit(self._prepare, trace_id)
 
+    def forget(self, trace_id: int) -> None:
+        """Drop a deleted trace's timeline: SQLite may give its id to the next trace registered."""
+        with self._lock:
+            self._items.pop(trace_id, None)
+            self._failed.pop(trace_id, None)
+
     def building(self, trace_id: int) -> bool:
         with self._lock:
             return trace_id in self._queued

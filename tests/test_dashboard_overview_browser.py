@@ -14,6 +14,7 @@ import pytest
 from fixtures.samples import SAMPLES_DIR
 from nsysan.report import format as fmt
 from tests.conftest import need
+from tests.test_dashboard_browser import _database
 from tools.browser import ServeProcess, chromium_executable, launch_chromium
 
 GRAPH = "#timeline .js-plotly-plot"
@@ -30,14 +31,15 @@ def browser() -> Iterator[object]:
         b.close()
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory) -> Iterator[ServeProcess]:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def served(request, tmp_path_factory) -> Iterator[ServeProcess]:
+    """One server per store: SQLite, and PostgreSQL (emptied; as tests/test_dashboard_browser.py)."""
     tmp = tmp_path_factory.mktemp("overview")
     traces = tmp / "traces"
     traces.mkdir()
     for name in ("pipeline-stall", "overlap-slowdown"):
         shutil.copy(SAMPLES_DIR / f"{name}.sqlite", traces)
-    with ServeProcess(traces, str(tmp / "review.sqlite"), tmp) as s:
+    with ServeProcess(traces, _database(request.param, tmp), tmp) as s:
         yield s
 
 
@@ -143,13 +145,14 @@ def test_the_zoom_window_round_trips_through_the_url(browser, served):
     assert ticks == len(labels) == 8  # 4 ranks x (NCCL, NVTX): rank 0's NCCL row is idle in 3-5 ms and kept
 
 
-def test_after_a_restart_the_page_says_it_is_building_the_timeline_then_draws_it(browser, tmp_path):
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_after_a_restart_the_page_says_it_is_building_the_timeline_then_draws_it(browser, store, tmp_path):
     from benchmarks.ingest import build
 
     traces = tmp_path / "traces"
     traces.mkdir()
     build(traces / "big.sqlite", 24_000)
-    db = str(tmp_path / "review.sqlite")
+    db = _database(store, tmp_path)
     with ServeProcess(traces, db, tmp_path) as first:
         page, url = _page(browser, first, "big")
     path = url.removeprefix(first.url)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need
-from tests.test_dashboard_browser import _ready, serve
+from tests.test_dashboard_browser import _database, _ready, serve
 from tools.browser import chromium_executable, launch_chromium
 
 
@@ -50,11 +50,17 @@ def _pick(page, dropdown: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
-def test_a_change_one_reviewer_saves_shows_in_the_others_open_page(browser, tmp_path):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request, tmp_path) -> str:
+    """The review store, on SQLite and on PostgreSQL (emptied; as tests/test_dashboard_browser.py)."""
+    return _database(request.param, tmp_path)
+
+
+def test_a_change_one_reviewer_saves_shows_in_the_others_open_page(browser, db, tmp_path):
     from dashboards.auth import hash_password
 
     hashed = hash_password("pass-word-42")
-    s = serve(tmp_path, str(tmp_path / "review.sqlite"), host="0.0.0.0",
+    s = serve(tmp_path, db, host="0.0.0.0",
               env={"NSYSAN_USERS": f"ana={hashed},ben={hashed}"})  # fmt: skip
     try:
         ana_context, ben_context = browser.new_context(), browser.new_context()  # two people, two sessions
@@ -93,7 +99,7 @@ def test_a_change_one_reviewer_saves_shows_in_the_others_open_page(browser, tmp_
         from dashboards import ids
         from nsysan.store import ReviewStore
 
-        store = ReviewStore(tmp_path / "review.sqlite")
+        store = ReviewStore(db)
         outputs = [(ids.REVIEW_MESSAGE, "children"), (ids.FINDING_VERSION, "data"), (ids.COMMENTS, "children"),
                    (ids.REVIEW_SEEN, "data")]  # fmt: skip
         state = [(ids.STATUS, "value", "fixed"), (ids.ASSIGNEE, "value", "mallory"), (ids.FINDING_ID, "data", 1),
@@ -112,12 +118,12 @@ def test_a_change_one_reviewer_saves_shows_in_the_others_open_page(browser, tmp_
 
 
 @pytest.fixture
-def served(tmp_path) -> Iterator[object]:
-    with serve(tmp_path, str(tmp_path / "review.sqlite")) as s:
+def served(db, tmp_path) -> Iterator[object]:
+    with serve(tmp_path, db) as s:
         yield s
 
 
-def test_an_empty_save_changes_nothing(browser, served, tmp_path):
+def test_an_empty_save_changes_nothing(browser, served, db):
     from nsysan.store import ReviewStore
 
     page = browser.new_page()
@@ -127,7 +133,7 @@ def test_an_empty_save_changes_nothing(browser, served, tmp_path):
     page.locator("#finding-assignee").wait_for()
     page.click("#finding-save")
     page.locator(".unchanged").wait_for()
-    store = ReviewStore(tmp_path / "review.sqlite")
+    store = ReviewStore(db)
     f = store.finding(1)
     assert (f["version"], f["events"], f["status"]) == (1, [], "open")
     page.fill("#finding-assignee", "dana")

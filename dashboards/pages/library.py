@@ -3,15 +3,20 @@ and a search across every trace's findings (title, kind, group key, kernel and o
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 from typing import Any
 
 import dash
-from dash import Input, Output, State, dcc, html
+from dash import ALL, Input, Output, State, ctx, dcc, html
+from plotly.utils import PlotlyJSONEncoder
 
 from dashboards import ids
-from dashboards.library import UploadRefused, save_upload, scan_directory
+from dashboards.library import UploadRefused, delete_upload, save_upload, scan_directory, upload_directory
 from dashboards.pages.common import captured, severity_badge, where
 from dashboards.server import Server
+from nsysan.store import NotFound
 
 
 def layout(server: Server) -> html.Div:
@@ -38,6 +43,7 @@ def layout(server: Server) -> html.Div:
         html.Div(id=ids.SEARCH_ALL_RESULTS),
         # always on: traces someone else registers, and their progress, show up without a reload
         dcc.Interval(id=ids.LIBRARY_POLL, interval=1000),
+        dcc.Store(id=TABLE_DIGEST),
     ])  # fmt: skip
 
 
@@ -61,15 +67,52 @@ def register(app: dash.Dash, server: Server) -> None:
         lines = [f"Registered {len(found.ids)} new trace(s)."] + [f"Skipped: {e}" for e in found.errors]
         return html.Div([html.P(line, className="error" if line.startswith("Skipped") else "ok") for line in lines])
 
-    @app.callback(
-        Output(ids.LIBRARY_TABLE, "children"), Input(ids.LIBRARY_POLL, "n_intervals"), prevent_initial_call=True
-    )
-    def _refresh(_n: int) -> Any:
-        return _table(server)
+    @app.callback(Output(ids.LIBRARY_TABLE, "children"), Output(TABLE_DIGEST, "data"),
+                  Input(ids.LIBRARY_POLL, "n_intervals"), State(TABLE_DIGEST, "data"), prevent_initial_call=True)  # fmt: skip
+    def _refresh(_n: int, shown: str | None) -> Any:
+        # redrawn only when it changed: a redraw recreates the delete buttons, which calls _delete
+        table = _table(server)
+        digest = hashlib.sha256(json.dumps(table, cls=PlotlyJSONEncoder).encode()).hexdigest()
+        return (dash.no_update, dash.no_update) if digest == shown else (table, digest)
+
+    @app.callback(Output(ids.LIBRARY_MESSAGE, "children", allow_duplicate=True),
+                  Output(ids.LIBRARY_TABLE, "children", allow_duplicate=True),
+                  Input({"type": DELETE, "trace": ALL}, "submit_n_clicks"), prevent_initial_call=True)  # fmt: skip
+    def _delete(_clicks: list[int | None]) -> Any:
+        # the table is redrawn every second: fired for new buttons too, which nobody confirmed
+        confirmed = [t for t in ctx.triggered if t["value"]]
+        if not confirmed or not isinstance(ctx.triggered_id, dict):
+            return dash.no_update, dash.no_update
+        message = delete_trace(server, ctx.triggered_id.get("trace"))
+        return html.P(message, className="error" if message.startswith("Not deleted") else "ok"), _table(server)
 
     @app.callback(Output(ids.SEARCH_ALL_RESULTS, "children"), Input(ids.SEARCH_ALL, "value"), prevent_initial_call=True)
     def _search(text: str | None) -> Any:
         return search_results(server, text)
+
+
+TABLE_DIGEST = "library-table-digest"  # of the table last drawn by the poll
+DELETE = "delete-trace"  # the pattern of an uploaded trace's delete button: {"type": DELETE, "trace": id}
+
+
+def delete_trace(server: Server, trace_id: object) -> str:
+    """Delete an uploaded trace: its files, then its findings and review from the store. Traces
+    registered from --traces are not the server's to delete, nor one still being analysed."""
+    if not isinstance(trace_id, int) or isinstance(trace_id, bool):
+        return "Not deleted: no such trace."
+    try:
+        uploaded = upload_directory(server, trace_id) is not None
+    except NotFound:
+        return f"Not deleted: no trace {trace_id}."
+    if not uploaded:
+        return f"Not deleted: trace {trace_id} was not uploaded (its files are the traces directory's)."
+    if server.analysis.working(trace_id) or server.timelines.building(trace_id):
+        return f"Not deleted: trace {trace_id} is still being analysed; delete it once it is done."
+    delete_upload(server, trace_id)
+    with contextlib.suppress(NotFound):  # deleted at the same moment by someone else
+        server.store.delete_trace(trace_id)
+    server.timelines.forget(trace_id)  # SQLite may give this id to the next trace registered
+    return f"Deleted trace {trace_id} with its findings and review."
 
 
 SEARCH_CHARS = 200
@@ -112,7 +155,7 @@ def _traces(server: Server) -> html.Table | html.P:
     rows = server.store.traces()
     if not rows:
         return html.P("No traces yet: upload an export, or start the server with --traces DIR.")
-    header = ["id", "job", "status", "ranks", "GPUs", "captured", "critical", "warning", "info", ""]
+    header = ["id", "job", "status", "ranks", "GPUs", "captured", "critical", "warning", "info", "", ""]
     return html.Table(className="library", children=[
         html.Thead(html.Tr([html.Th(h) for h in header])),
         html.Tbody([_row(server, t) for t in rows]),
@@ -142,4 +185,19 @@ def _row(server: Server, t: dict[str, Any]) -> html.Tr:
         html.Td(captured(t["captured_utc_ns"])),
         *counts,
         html.Td(dcc.Link("findings", href=f"/traces/{t['id']}/findings") if ready else ""),
+        html.Td(_delete_button(server, t) if not working else ""),
     ])  # fmt: skip
+
+
+def _delete_button(server: Server, t: dict[str, Any]) -> dcc.ConfirmDialogProvider | str:
+    """A delete button, behind a confirmation, on uploaded traces only."""
+    try:
+        if upload_directory(server, t["id"]) is None:
+            return ""
+    except NotFound:  # deleted since the table was listed
+        return ""
+    return dcc.ConfirmDialogProvider(
+        html.Button("delete", className="delete"), id={"type": DELETE, "trace": t["id"]},
+        message=f"Delete trace {t['id']} ({t['name']}): its files, findings, comments and review history? "
+                "This cannot be undone.",
+    )  # fmt: skip

@@ -153,6 +153,16 @@ class ReviewStore:
             return row
         raise NotFound(f"no trace {trace_id}")
 
+    def delete_trace(self, trace_id: int) -> None:
+        """Remove a trace with its findings, remarks and review events (NotFound when there is none).
+        Deleted explicitly, child tables first: SQLite enforces no ON DELETE CASCADE unless a
+        connection turns foreign keys on, and this works the same on PostgreSQL."""
+        with self._session.begin() as s:
+            self._trace(s, trace_id)
+            for table in (ReviewEventRecord, RemarkRecord, FindingRecord):
+                s.execute(sa.delete(table).where(table.trace_id == trace_id))
+            s.execute(sa.delete(TraceRecord).where(TraceRecord.id == trace_id))
+
     def trace_paths(self, trace_id: int) -> list[str]:
         """The server-side files of a trace: for the server only, never sent to a browser."""
         with self.session() as s:
