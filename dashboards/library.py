@@ -7,8 +7,6 @@ name nsysan chooses; the browser's file name is only kept, cleaned, for people t
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import re
 import shutil
@@ -86,35 +84,11 @@ def scan_directory(server: Server) -> Registered:
     return result
 
 
-def save_upload(server: Server, contents: Sequence[str], filenames: Sequence[str]) -> int:
-    """Store the uploaded exports (the ranks of one job) and register them as one trace.
-
-    ``contents`` are the browser's data URLs. Refused, with nothing kept, when the files are too
-    big together, are not named like exports, or are not nsys exports.
-    """
-    if not contents:
-        raise UploadRefused("no file uploaded")
-    if len(filenames) != len(contents):
-        raise UploadRefused("each uploaded file needs its name")
-    encoded = [c.partition(",")[2] for c in contents]
-    size = sum(len(e) * 3 // 4 for e in encoded)
-    if size > server.max_upload_bytes:
-        raise UploadRefused(
-            f"upload of {size / 2**20:.1f} MiB is over the limit of {server.max_upload_bytes / 2**20:.0f} MiB"
-        )
-
-    def write(index: int, path: Path) -> None:
-        try:
-            _write_base64(path, encoded[index])
-        except (binascii.Error, ValueError):
-            raise UploadRefused(f"{path.name}: the upload arrived damaged (not base64)") from None
-
-    return _keep_upload(server, filenames, write)
-
-
 def save_upload_streams(server: Server, files: Sequence[tuple[str, IO[bytes]]]) -> int:
-    """Like :func:`save_upload`, for files that arrive as streams (``POST /upload``, multipart):
-    each is copied to disk a piece at a time, never whole in memory."""
+    """Store uploaded exports (the ranks of one job), each copied to disk a piece at a time, never
+    whole in memory (``POST /upload``, multipart), and register them as one trace. Refused, with
+    nothing kept, when the files are too big together, are not named like exports, or are not nsys
+    exports."""
     if not files:
         raise UploadRefused("no file uploaded")
 
@@ -155,15 +129,6 @@ def _keep_upload(server: Server, filenames: Sequence[str], write: Callable[[int,
         raise
     server.analysis.submit(trace_id)
     return trace_id
-
-
-def _write_base64(path: Path, data: str, chunk: int = 4 * 2**20) -> None:
-    """Decode to disk a piece at a time: the decoded file is never whole in memory besides the text."""
-    if len(data) % 4:
-        raise ValueError("base64 text of a length not a multiple of 4")
-    with path.open("wb") as out:
-        for start in range(0, len(data), chunk):  # chunk is a multiple of 4: every piece decodes alone
-            out.write(base64.b64decode(data[start : start + chunk], validate=True))
 
 
 def upload_directory(server: Server, trace_id: int) -> Path | None:

@@ -31,9 +31,9 @@ from dashboards import ids
 from nsysan.store.store import MAX_NAME_CHARS, MAX_TEXT_CHARS
 
 CALLBACK_PATH = "/_dash-update-component"
-UPLOAD_PATH = "/upload"  # multipart uploads, streamed to disk (for scripts; the library page uses a callback)
+UPLOAD_PATH = "/upload"  # multipart uploads, streamed to disk: the library page's and scripts'
 SMALL_BODY = 64 * 2**10  # any POST but a callback: the login form
-CALLBACK_BODY = 2**20  # room for a callback's JSON besides the uploaded files
+CALLBACK_BODY = 2**20  # the most a callback's JSON may be (uploads go to UPLOAD_PATH, not through callbacks)
 NOTICE = "notice"  # the shell's message area, for what a refused callback should say
 
 # text a reviewer types: (what it is called, most characters)
@@ -70,9 +70,9 @@ def install(app: Any, max_upload_bytes: int) -> None:
     """Everything above, on the Dash app's Flask server. Call after every callback is registered
     (the CSP names Dash's inline scripts by hash)."""
     server: flask.Flask = app.server
-    callback_limit = (max_upload_bytes + 2) // 3 * 4 + CALLBACK_BODY
+    callback_limit = CALLBACK_BODY
     upload_limit = max_upload_bytes + CALLBACK_BODY  # multipart: the files and a little framing
-    server.config["MAX_CONTENT_LENGTH"] = callback_limit  # the largest any request may be
+    server.config["MAX_CONTENT_LENGTH"] = max(callback_limit, upload_limit)  # the largest any request may be
     csp = content_security_policy(app.csp_hashes())
 
     # registered first, so these run before login and anything else reads the request
@@ -136,12 +136,17 @@ def _make_guard(callback_limit: int, upload_limit: int) -> Any:
         request.max_content_length = limit  # a body without Content-Length is cut off at the limit too
         if request.content_length is not None and request.content_length > limit:
             if request.path == CALLBACK_PATH:
-                # only an upload makes a callback this big: say why in the page, without reading a byte
-                mib = (callback_limit - CALLBACK_BODY) * 3 / 4 / 2**20
+                # say why in the page, without reading a byte
                 return _dash_message(
-                    f"Refused: {request.content_length / 2**20:.1f} MiB sent; an upload may be {mib:.0f} MiB "
-                    "in all, anything else much less.",
+                    f"Refused: {request.content_length / 2**20:.1f} MiB sent; a dashboard action may send "
+                    f"{callback_limit / 2**20:.0f} MiB at most.",
                     status=413,
+                )
+            if request.path == UPLOAD_PATH:  # the library page shows this line as it is
+                return _plain(
+                    f"Upload refused: {request.content_length / 2**20:.1f} MiB sent; an upload may be "
+                    f"{(upload_limit - CALLBACK_BODY) / 2**20:.0f} MiB in all.",
+                    413,
                 )
             return _plain(f"refused: the request is over {limit:,} bytes", 413)
         if request.path == CALLBACK_PATH:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import base64
+import io
 import shutil
 import sqlite3
 import subprocess
@@ -14,7 +14,7 @@ import pytest
 from dashboards import ids
 from dashboards.app import route
 from dashboards.auth import _safe_next, hash_password, is_loopback, load_users
-from dashboards.library import UploadRefused, jobs_in, save_upload, scan_directory
+from dashboards.library import UploadRefused, jobs_in, save_upload_streams, scan_directory
 from dashboards.pages import library as library_page
 from dashboards.pages.findings import FILTERS
 from dashboards.server import Server
@@ -222,21 +222,21 @@ def server(tmp_path):
     s.analysis.shutdown()
 
 
-def _data_url(data: bytes) -> str:
-    return "data:application/octet-stream;base64," + base64.b64encode(data).decode()
+def _streams(data: bytes, name: str) -> list[tuple[str, io.BytesIO]]:
+    return [(name, io.BytesIO(data))]
 
 
 def test_upload_is_validated_before_anything_is_kept(server, tmp_path):
     good = (SAMPLES_DIR / "pipeline-stall.sqlite").read_bytes()
     with pytest.raises(UploadRefused, match="over the limit of 2 MiB"):
-        save_upload(server, [_data_url(b"\0" * (3 * 2**20))], ["big.sqlite"])
+        save_upload_streams(server, _streams(b"\0" * (3 * 2**20), "big.sqlite"))
     with pytest.raises(UploadRefused, match="not an nsys SQLite export"):
-        save_upload(server, [_data_url(good)], ["report.nsys-rep"])
+        save_upload_streams(server, _streams(good, "report.nsys-rep"))
     with pytest.raises(UploadRefused, match=r"^fake\.sqlite: not an SQLite file") as refused:
-        save_upload(server, [_data_url(b"hello, not a database" * 100)], ["fake.sqlite"])
+        save_upload_streams(server, _streams(b"hello, not a database" * 100, "fake.sqlite"))
     assert str(server.uploads_dir) not in str(refused.value)  # the uploader is not told our paths
     assert not any(server.uploads_dir.iterdir()) and server.store.traces() == []
-    trace_id = save_upload(server, [_data_url(good)], ["../../etc/evil name.sqlite"])
+    trace_id = save_upload_streams(server, _streams(good, "../../etc/evil name.sqlite"))
     (path,) = server.store.trace_paths(trace_id)
     assert path.startswith(str(server.uploads_dir.resolve())) and path.endswith("/evil_name.sqlite")
     assert server.analysis.wait(60) and server.store.trace(trace_id)["findings"]["critical"] == 1

@@ -127,10 +127,11 @@ def test_a_stale_edit_is_refused_with_a_clear_message(browser, served):
     for page in (first, second):
         page.goto(f"{served.url}/findings/1")
         page.locator("#finding-assignee").wait_for()
+    # ben's edit is under way (so his page's live refresh keeps it) when ana saves hers
+    second.fill("#finding-assignee", "ben")
     first.fill("#finding-assignee", "ana")
     first.click("#finding-save")
     first.locator(".saved").wait_for()
-    second.fill("#finding-assignee", "ben")  # based on the version loaded before ana saved
     second.click("#finding-save")
     second.locator(".stale").wait_for()
     assert "changed by someone else" in second.locator(".stale").inner_text()

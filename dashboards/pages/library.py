@@ -13,21 +13,23 @@ from dash import ALL, Input, Output, State, ctx, dcc, html
 from plotly.utils import PlotlyJSONEncoder
 
 from dashboards import ids
-from dashboards.library import UploadRefused, delete_upload, save_upload, scan_directory, upload_directory
+from dashboards.library import delete_upload, scan_directory, upload_directory
 from dashboards.pages.common import captured, severity_badge, where
 from dashboards.server import Server
 from nsysan.store import NotFound
+
+UPLOAD_STATUS = "upload-status"  # written by assets/upload.js, never by a callback
 
 
 def layout(server: Server) -> html.Div:
     limit_mib = server.max_upload_bytes / 2**20
     actions: list[Any] = [
-        dcc.Upload(  # no max_size: the browser would drop a big file silently; the server says why instead
-            id=ids.UPLOAD, multiple=True, className="upload",
-            children=html.Div(["Drop nsys SQLite exports here or ", html.A("choose files"),
-                               html.Br(), html.Small(f"Files uploaded together are the ranks of one job; "
-                                                     f"at most {limit_mib:.0f} MiB in all.")]),
-        ),
+        # Dash has no file input: assets/upload.js adds one to this label and posts what is chosen or dropped
+        html.Div(id=ids.UPLOAD, className="upload", children=[
+            html.Label("Drop nsys SQLite exports here or choose files: ", className="upload-choose"),
+            html.Small(f"Files uploaded together are the ranks of one job; at most {limit_mib:.0f} MiB in all."),
+            html.Div(id=UPLOAD_STATUS, role="status"),
+        ]),
     ]  # fmt: skip
     # always in the layout (its callback names it), shown only when the server has a traces directory
     scan_label = f"Register new traces from {server.traces_dir.name}/" if server.traces_dir else ""
@@ -48,20 +50,7 @@ def layout(server: Server) -> html.Div:
 
 
 def register(app: dash.Dash, server: Server) -> None:
-    @app.callback(Output(ids.LIBRARY_MESSAGE, "children"), Output(ids.UPLOAD, "contents"),
-                  Input(ids.UPLOAD, "contents"), State(ids.UPLOAD, "filename"), prevent_initial_call=True)  # fmt: skip
-    def _upload(contents: list[str] | None, filenames: list[str] | None) -> Any:
-        # the contents are cleared once stored: the browser would otherwise send them again with every call
-        if not contents:
-            return dash.no_update, dash.no_update
-        try:
-            trace_id = save_upload(server, contents, filenames or [])
-        except UploadRefused as exc:
-            return html.P(f"Upload refused: {exc}", className="error"), None
-        return html.P(f"Uploaded as trace {trace_id}; analysing.", className="ok"), None
-
-    @app.callback(Output(ids.LIBRARY_MESSAGE, "children", allow_duplicate=True), Input(ids.SCAN, "n_clicks"),
-                  prevent_initial_call=True)  # fmt: skip
+    @app.callback(Output(ids.LIBRARY_MESSAGE, "children"), Input(ids.SCAN, "n_clicks"), prevent_initial_call=True)  # fmt: skip
     def _scan(_n: int) -> Any:
         found = scan_directory(server)
         lines = [f"Registered {len(found.ids)} new trace(s)."] + [f"Skipped: {e}" for e in found.errors]
