@@ -7,6 +7,7 @@ import hashlib
 import lzma
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,20 @@ def nsys_bin() -> Path:
         path = None
     need(path is not None, "a real Nsight Systems (nsys)")
     return path
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Headless Chromium driven by Playwright, one per test module (the dashboard's browser tests)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    need(sync_playwright is not None, "Playwright (pip install playwright)")
+    from tools.browser import chromium_executable, launch_chromium
+
+    need(chromium_executable().exists(), f"Chromium at {chromium_executable()} (Debian's chromium package)")
+    with sync_playwright() as p:
+        b = launch_chromium(p)
+        yield b
+        b.close()

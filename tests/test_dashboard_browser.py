@@ -14,7 +14,7 @@ import pytest
 
 from fixtures.samples import SAMPLES_DIR
 from tests.conftest import need
-from tools.browser import ServeProcess, chromium_executable, launch_chromium
+from tools.browser import ServeProcess
 
 
 def serve(tmp: Path, db: str, *, samples: tuple[str, ...] = ("pipeline-stall", "pipeline-stall-fixed"),
@@ -25,20 +25,6 @@ def serve(tmp: Path, db: str, *, samples: tuple[str, ...] = ("pipeline-stall", "
     for name in samples:
         shutil.copy(SAMPLES_DIR / f"{name}.sqlite", traces)
     return ServeProcess(traces, db, tmp, **options)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    need(sync_playwright is not None, "Playwright (pip install playwright)")
-    need(chromium_executable().exists(), f"Chromium at {chromium_executable()} (Debian's chromium package)")
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
 
 
 def _database(kind: str, tmp: Path) -> str:

@@ -13,22 +13,10 @@ import pytest
 
 from fixtures.samples import SAMPLES_DIR
 from nsysan.report import format as fmt
-from tests.conftest import need
 from tests.test_dashboard_browser import _database
-from tools.browser import ServeProcess, chromium_executable, launch_chromium
+from tools.browser import ServeProcess
 
 GRAPH = "#timeline .js-plotly-plot"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    playwright = pytest.importorskip("playwright.sync_api", reason="Playwright (pip install playwright)")
-    sync_playwright = playwright.sync_playwright
-    need(chromium_executable().exists(), f"Chromium at {chromium_executable()} (Debian's chromium package)")
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

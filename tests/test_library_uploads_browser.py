@@ -7,10 +7,10 @@ import pytest
 
 from fixtures.samples import SAMPLES_DIR
 from nsysan.store import NotFound, ReviewStore
-from tests.test_dashboard_browser import _ready, browser, serve  # noqa: F401  (browser: the fixture)
+from tests.test_dashboard_browser import _ready, serve
 
 
-def test_an_uploaded_trace_is_deleted_after_a_confirmation(browser, tmp_path):  # noqa: F811
+def test_an_uploaded_trace_is_deleted_after_a_confirmation(browser, tmp_path):
     db = str(tmp_path / "review.sqlite")
     with serve(tmp_path, db, samples=("pipeline-stall",)) as s:
         page = browser.new_page()

@@ -12,23 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import need
 from tests.test_dashboard_browser import _database, _ready, serve
-from tools.browser import chromium_executable, launch_chromium
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    need(sync_playwright is not None, "Playwright (pip install playwright)")
-    need(chromium_executable().exists(), f"Chromium at {chromium_executable()} (Debian's chromium package)")
-    with sync_playwright() as p:
-        b = launch_chromium(p)
-        yield b
-        b.close()
 
 
 def _log_in(page, url: str, name: str, password: str) -> None:
