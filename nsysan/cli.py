@@ -65,6 +65,19 @@ def _main(
     """Findings from Nsight Systems captures of distributed PyTorch jobs."""
 
 
+# the frame cache (docs/cache.md): report, diff and the cache commands
+CacheDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache",
+        metavar="DIR",
+        help="The frame cache's directory (default: $XDG_CACHE_HOME/nsysan/frames): the frames read from each "
+        "export are kept there, so the next look at an unchanged export skips SQLite.",
+    ),
+]
+NoCache = Annotated[bool, typer.Option("--no-cache", help="Read every export afresh; write no cache.")]
+
+
 @app.command()
 def report(
     traces: Annotated[
@@ -105,16 +118,8 @@ def report(
             help="Exit with code 3 when a finding at this severity or worse exists: use it as a CI gate.",
         ),
     ] = None,
-    cache_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--cache",
-            metavar="DIR",
-            help="Keep the frames read from each export in DIR (default: $XDG_CACHE_HOME/nsysan/frames), "
-            "so the next look at an unchanged export skips SQLite.",
-        ),
-    ] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Read every export afresh; write no cache.")] = False,
+    cache_dir: CacheDir = None,
+    no_cache: NoCache = False,
 ) -> None:
     """Analyse nsys exports: per-rank GPU time, NCCL, NVTX, limits of the capture, and findings.
 
@@ -247,16 +252,8 @@ def diff(
         list[str] | None,
         typer.Option("--set", metavar="KIND.PARAM=VALUE", help="Detector threshold, as for `report` (repeatable)."),
     ] = None,
-    cache_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--cache",
-            metavar="DIR",
-            help="Keep the frames read from each export in DIR (default: $XDG_CACHE_HOME/nsysan/frames), "
-            "so the next look at an unchanged export skips SQLite.",
-        ),
-    ] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Read every export afresh; write no cache.")] = False,
+    cache_dir: CacheDir = None,
+    no_cache: NoCache = False,
 ) -> None:
     """Compare two captures of one job (before/after a change): step time, GPU time, NCCL, kernels, findings.
 
@@ -306,10 +303,6 @@ cache_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(cache_app, name="cache")
-CacheDir = Annotated[
-    Path | None,
-    typer.Option("--cache", metavar="DIR", help="The cache directory (default: $XDG_CACHE_HOME/nsysan/frames)."),
-]
 
 
 @cache_app.command("info")
