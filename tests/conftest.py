@@ -9,8 +9,12 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -120,3 +124,43 @@ def browser() -> Iterator[object]:
         b = launch_chromium(p)
         yield b
         b.close()
+
+
+# -- the review store, on SQLite and on a real PostgreSQL (tests/run.sh starts one) -------------------
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path):
+    """An empty database: a fresh SQLite file, or the test PostgreSQL with every store table dropped."""
+    import sqlalchemy as sa
+
+    from nsysan.store import store_url
+
+    if request.param == "sqlite":
+        yield store_url(tmp_path / "review.sqlite")
+        return
+    url = os.environ.get("NSYSAN_TEST_PG_URL")
+    need(bool(url), "a PostgreSQL server (NSYSAN_TEST_PG_URL, set by tests/run.sh)")
+    engine = sa.create_engine(url)
+    _drop_all(engine)  # a clean schema per test
+    yield url
+    _drop_all(engine)
+    engine.dispose()
+
+
+def _drop_all(engine: sa.Engine) -> None:
+    """Every store table, including those of older schemas a migration test left behind (and
+    Alembic's version table, which the models declare)."""
+    import sqlalchemy as sa
+
+    from nsysan.store.models import Base
+
+    with engine.begin() as c:
+        for old in ("comments", "trace_notes"):
+            c.execute(sa.text(f"DROP TABLE IF EXISTS {old}"))
+    Base.metadata.drop_all(engine)
+
+
+@pytest.fixture
+def store(url):
+    from nsysan.store import ReviewStore
+
+    return ReviewStore(url)

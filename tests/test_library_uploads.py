@@ -8,12 +8,7 @@ import sqlalchemy as sa
 
 from nsysan.store import NotFound, ReviewStore
 from nsysan.store.models import FindingRecord, RemarkRecord, ReviewEventRecord, TraceRecord
-from tests.test_store import _analysed, url  # noqa: F401  (url: the fixture, SQLite and PostgreSQL)
-
-
-@pytest.fixture
-def store(url):  # noqa: F811
-    return ReviewStore(url)
+from tests.test_store import _analysed
 
 
 def _rows(store: ReviewStore, trace_id: int) -> dict[str, int]:

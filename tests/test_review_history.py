@@ -8,51 +8,16 @@ import csv
 import datetime as dt
 import io
 import json
-import os
 import threading
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from dashboards.analysis import analyse_stored_trace
-from fixtures.samples import sample_paths
-from nsysan.store import ReviewStore, StaleEdit, schema, store_url
+from nsysan.store import ReviewStore, StaleEdit, schema
 from nsysan.store import export as review_export
-from nsysan.store.models import SCHEMA_VERSION, VERSION_TABLE, Base
-from tests.conftest import need
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    if request.param == "sqlite":
-        yield store_url(tmp_path / "review.sqlite")
-        return
-    url = os.environ.get("NSYSAN_TEST_PG_URL")
-    need(bool(url), "a PostgreSQL server (NSYSAN_TEST_PG_URL, set by tests/run.sh)")
-    engine = sa.create_engine(url)
-    _drop_all(engine)
-    yield url
-    _drop_all(engine)
-    engine.dispose()
-
-
-def _drop_all(engine: sa.Engine) -> None:
-    with engine.begin() as c:
-        for old in ("comments", "trace_notes"):
-            c.execute(sa.text(f"DROP TABLE IF EXISTS {old}"))
-    Base.metadata.drop_all(engine)
-
-
-@pytest.fixture
-def store(url):
-    return ReviewStore(url)
-
-
-def _analysed(store: ReviewStore, sample: str) -> int:
-    trace_id = store.register(sample_paths(sample), name=sample)
-    analyse_stored_trace(store, trace_id)
-    return trace_id
+from nsysan.store.models import SCHEMA_VERSION, VERSION_TABLE
+from tests.test_store import _analysed
 
 
 def _changes(finding: dict) -> list[tuple]:

@@ -17,38 +17,9 @@ from fixtures.samples import sample_paths
 from nsysan.analysis import analyse
 from nsysan.errors import InputError
 from nsysan.ingest import load_trace
-from nsysan.store import NotFound, ReviewStore, StaleEdit, StoreUnavailable, schema, store_url
+from nsysan.store import NotFound, ReviewStore, StaleEdit, StoreUnavailable, schema
 from nsysan.store.models import SCHEMA_VERSION, VERSION_TABLE, Base
 from tests.conftest import need
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    """An empty database: a fresh SQLite file, or the test PostgreSQL with every store table dropped."""
-    if request.param == "sqlite":
-        yield store_url(tmp_path / "review.sqlite")
-        return
-    url = os.environ.get("NSYSAN_TEST_PG_URL")
-    need(bool(url), "a PostgreSQL server (NSYSAN_TEST_PG_URL, set by tests/run.sh)")
-    engine = sa.create_engine(url)
-    _drop_all(engine)  # a clean schema per test
-    yield url
-    _drop_all(engine)
-    engine.dispose()
-
-
-def _drop_all(engine: sa.Engine) -> None:
-    """Every store table, including those of older schemas a migration test left behind (and
-    Alembic's version table, which the models declare)."""
-    with engine.begin() as c:
-        for old in ("comments", "trace_notes"):
-            c.execute(sa.text(f"DROP TABLE IF EXISTS {old}"))
-    Base.metadata.drop_all(engine)
-
-
-@pytest.fixture
-def store(url):
-    return ReviewStore(url)
 
 
 def _analysed(store: ReviewStore, sample: str) -> int:
