@@ -92,13 +92,13 @@ def _env_int(env: dict[str, str], keys: tuple[str, ...]) -> int | None:
     return None
 
 
-def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
-    """One row per active process of every export: its rank and where that came from."""
+def announced_ranks(x: NsysExport, index: int = 0) -> pd.DataFrame:
+    """One row per active process of one export, with the rank it announced (NVTX or environment),
+    NA where it announced none. Per export, so the map stage of a large job can read it on a worker;
+    :func:`assign_guessed` then numbers the rest across the job."""
     rows = []
-    for index, x in enumerate(exports):
-        pids = active_pids(x)
-        if not len(pids):
-            continue
+    pids = active_pids(x)
+    if len(pids):
         procs = read_frame(x, "processes").dropna(subset=["pid"])
         names = dict(zip(procs["pid"].astype("int64"), procs["name"].fillna("").astype(str), strict=True))
         hints = _nvtx_hints(x)
@@ -110,7 +110,7 @@ def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
         )
         hints = hints.dropna(subset=["rank"]).drop_duplicates("pid", keep="first").set_index("pid")
         env = x.capture_env()
-        for pid in pids:
+        for pid in pids:  # one per process
             row = {"export": index, "pid": int(pid), "process": names.get(int(pid), ""),
                    "rank": None, "local_rank": None, "world_size": None, "rank_source": None}  # fmt: skip
             if pid in hints.index:
@@ -122,9 +122,16 @@ def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
                            world_size=_env_int(env, _ENV_WORLD), rank_source="env")  # fmt: skip
             rows.append(row)
     df = pd.DataFrame(rows, columns=list(RANK_COLUMNS))
+    return df.astype({"export": "int64", "pid": "int64"})
+
+
+def assign_guessed(announced: list[pd.DataFrame]) -> pd.DataFrame:
+    """The job's rank table from every export's :func:`announced_ranks` (in input order): processes
+    that announced no rank are numbered in input order, then by pid, skipping ranks that are taken."""
+    parts = [a for a in announced if len(a)]
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(RANK_COLUMNS))
     if df.empty:
         return df.astype({"export": "int64", "pid": "int64"})
-    # Guess the rest: number them in input order, skipping ranks that are taken.
     taken = set(pd.to_numeric(df["rank"], errors="coerce").dropna().astype(int))
     free = (r for r in range(len(df) + len(taken)) if r not in taken)
     missing = df["rank"].isna()
@@ -135,3 +142,8 @@ def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
     for column in ("rank", "local_rank", "world_size"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
     return df.astype({"export": "int64", "pid": "int64"})
+
+
+def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
+    """One row per active process of every export: its rank and where that came from."""
+    return assign_guessed([announced_ranks(x, i) for i, x in enumerate(exports)])

@@ -83,10 +83,18 @@ class Trace:
     """One job made of one or more exports. Use :func:`load_trace` to build it."""
 
     def __init__(
-        self, exports: list[NsysExport], input_notes: Iterable[str] = (), cache: FrameCache | None = None
+        self,
+        exports: list[NsysExport],
+        input_notes: Iterable[str] = (),
+        cache: FrameCache | None = None,
+        ranks: pd.DataFrame | None = None,
+        owns_exports: bool = True,
     ) -> None:
         self._exports = exports
         self._cache = cache
+        self._owns_exports = owns_exports
+        if ranks is not None:  # the job's rank table, decided across exports this trace may not hold
+            self.__dict__["ranks"] = ranks
         self.input_notes = list(input_notes)
         self._kernel_cache: pd.DataFrame | None = None
         self._frames: dict[str, pd.DataFrame] = {}
@@ -103,8 +111,16 @@ class Trace:
         ]
 
     def close(self) -> None:
-        for x in self._exports:
-            x.close()
+        if self._owns_exports:
+            for x in self._exports:
+                x.close()
+
+    def export_alone(self, index: int) -> Trace:
+        """Export ``index`` as a trace of its own, as the map stage of :mod:`nsysan.analysis` sees
+        it on a worker: its frames read afresh (and dropped with it), its ranks from this job's
+        table, its export index 0. Closing it leaves the export open for this trace."""
+        ranks = self.ranks[self.ranks["export"] == index].assign(export=0).reset_index(drop=True)
+        return Trace([self._exports[index]], cache=self._cache, ranks=ranks, owns_exports=False)
 
     def __enter__(self) -> Trace:
         return self
@@ -299,11 +315,7 @@ class Trace:
         nsys timestamps count from each session's start; the session's UTC start time aligns
         exports captured separately (one per rank). Exports without one get offset 0.
         """
-        starts = pd.Series([e.session_start_utc_ns for e in self.exports], dtype="Int64")
-        if starts.isna().all():
-            return pd.Series(0, index=starts.index, dtype="int64")
-        offsets: pd.Series = (starts - starts.min()).fillna(0).astype("int64")
-        return offsets
+        return job_clock_offsets([e.session_start_utc_ns for e in self.exports])
 
     def on_job_clock(self, frame: pd.DataFrame, columns: Sequence[str] = ("start_ns", "end_ns")) -> pd.DataFrame:
         """A copy of ``frame`` with ``columns`` moved onto the job clock: each row shifted by its
@@ -324,6 +336,16 @@ class Trace:
         return out
 
 
+def job_clock_offsets(session_starts: Sequence[int | None]) -> pd.Series:
+    """Per export, the ns to add to its timestamps to put it on the earliest export's clock
+    (0 for exports without a session start). See :meth:`Trace.job_clock`."""
+    starts = pd.Series(list(session_starts), dtype="Int64")
+    if starts.isna().all():
+        return pd.Series(0, index=starts.index, dtype="int64")
+    offsets: pd.Series = (starts - starts.min()).fillna(0).astype("int64")
+    return offsets
+
+
 def _audit(x: NsysExport) -> pd.DataFrame:
     """The timestamp audit of one export, as a read the frame cache can keep (it notes, reads nothing)."""
     frames.audit_times(x)
@@ -337,12 +359,15 @@ def _process_key(export: pd.Series, pid: pd.Series) -> np.ndarray:
 
 
 def load_trace(
-    inputs: Iterable[str | os.PathLike[str]], cache: FrameCache | Literal["process"] | None = "process"
+    inputs: Iterable[str | os.PathLike[str]],
+    cache: FrameCache | Literal["process"] | None = "process",
+    ranks: pd.DataFrame | None = None,
 ) -> Trace:
     """Open every export named by ``inputs`` (files, directories, globs) as one Trace.
 
     ``cache``: where frames read from the exports are kept for the next load (see
     :mod:`nsysan.ingest.cache`); by default the process's cache, which is off unless configured.
+    ``ranks``: the rank table when it was decided elsewhere (a worker reading one export of a job).
 
     Raises an :class:`~nsysan.errors.InputError` naming the file for anything unusable,
     including an export with neither CUDA tables nor NVTX events (nothing to analyse).
@@ -363,4 +388,4 @@ def load_trace(
         for x in exports:
             x.close()
         raise
-    return Trace(exports, input_notes=skipped, cache=process_cache() if cache == "process" else cache)
+    return Trace(exports, input_notes=skipped, cache=process_cache() if cache == "process" else cache, ranks=ranks)
