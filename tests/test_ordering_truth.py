@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from fixtures.confounders_ordering import scenario
-from nsysan.detect.nccl_ordering_stall import KIND, Params, detect
+from nsysan.detect import run_detectors
+from nsysan.detect.nccl_ordering_stall import KIND
 from nsysan.ingest import load_trace
 from tests.scoring import Score
 
@@ -34,7 +35,7 @@ def run(seeds: range, root: Path) -> tuple[Score, int, Counter[str]]:
             out = root / f"{seed}-{planted}"
             paths, truths = scenario(seed, planted, out)
             with load_trace(paths) as trace:
-                found = detect(trace, Params())
+                found = [f for f in run_detectors(trace) if f.kind == KIND]
             score.add(truths, paths, found, KIND)
             clean += 0 if planted else len(found)
             for f in found:

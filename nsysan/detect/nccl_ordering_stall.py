@@ -37,9 +37,9 @@ import numpy as np
 import pandas as pd
 
 from nsysan.detect import nccl_participants
-from nsysan.detect.common import SeverityParams, as_int, as_optional_int, grade, run_ns, share_text
+from nsysan.detect.common import SeverityParams, as_int, as_optional_int, share_text
 from nsysan.detect.readiness import device_ready
-from nsysan.detect.registry import param, register
+from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Finding, Severity
 from nsysan.ingest.nccl import is_communication, is_point_to_point, participants_by_communicator
 from nsysan.ingest.trace import Trace
@@ -63,12 +63,11 @@ class Params(SeverityParams):
 
 
 def _ops(trace: Trace) -> pd.DataFrame:
-    """NCCL kernels of known rank and device, with job-clock times, launch call and iteration."""
+    """NCCL kernels of known rank and device, with launch call, iteration, readiness (export clock)
+    and communicator: the compact table one export sends to the reduce."""
     k = trace.kernel_columns(_COLUMNS)
     ops = k[is_communication(k) & k["rank"].notna() & k["device"].notna()].reset_index(drop=True)
-    ops = trace.on_job_clock(ops.assign(a_start=ops["start_ns"], a_end=ops["end_ns"]), ("a_start", "a_end"))
-    offset = ops["a_start"] - ops["start_ns"]
-    ops = ops.assign(rank=ops["rank"].astype("int64"), offset=offset, p2p=is_point_to_point(ops))
+    ops = ops.assign(rank=ops["rank"].astype("int64"), p2p=is_point_to_point(ops))
     calls = trace.launch_calls(ops)[["export", "pid", "correlation_id", "start_ns", "end_ns", "tid"]]
     calls = calls.drop_duplicates(["export", "pid", "correlation_id"]).rename(
         columns={"start_ns": "launch_ns", "end_ns": "launched_ns"}
@@ -77,38 +76,69 @@ def _ops(trace: Trace) -> pd.DataFrame:
     ops["iteration"] = nccl_participants.iterations(trace, ops)
     ready = device_ready(trace, ops)
     device = ready["device_ready_ns"]
-    ops["ready"] = np.fmax(ops["launched_ns"].astype("float64"), device.astype("float64")) + offset
+    ops["ready_local"] = np.fmax(ops["launched_ns"].astype("float64"), device.astype("float64"))
     ops["ready_from"] = np.where(device.notna(), "device", np.where(ready["events_known"], "launch", "launch_only"))
-    comm = _communicators(trace, ops)
-    return ops.join(comm)
+    return ops.join(_communicators(trace, ops))
+
+
+def _calls_with_communicator(trace: Trace) -> pd.DataFrame:
+    """NCCL calls whose payload names their communicator, with the process's rank in it where a
+    call of the process says (ncclCommInitRank)."""
+    calls = trace.nccl_calls
+    c = calls.dropna(subset=["comm_id"])[["export", "pid", "tid", "rank", "start_ns", "end_ns", "comm_id", "comm_rank",
+                                          "peer"]].copy()  # fmt: skip
+    c["comm_rank"] = c.groupby(["export", "pid", "comm_id"])["comm_rank"].transform("first")
+    return c
 
 
 def _communicators(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
-    """comm_id, comm_rank and peer per op from NCCL's NVTX payloads (NA where the export has none)."""
+    """comm_id (NCCL's 64-bit hash), comm_rank and peer per op from NCCL's NVTX payloads (NA where
+    the export has none). comm_rank stays NA where no call of the process gave it: the reduce
+    fills it from the communicator's members across the job."""
     out = pd.DataFrame(index=ops.index, data={"comm_id": pd.NA, "comm_rank": pd.NA, "peer": pd.NA}, dtype="Int64")
-    calls = trace.nccl_calls
-    if calls["comm_id"].isna().all():
+    out["comm_id"] = out["comm_id"].astype("UInt64")
+    if trace.nccl_calls["comm_id"].isna().all():
         return out
-    c = calls.dropna(subset=["comm_id"])[["export", "pid", "tid", "rank", "start_ns", "end_ns", "comm_id", "comm_rank",
-                                          "peer"]].copy()  # fmt: skip
-    # A process's rank in a communicator: from its calls that carry it (ncclCommInitRank), else its
-    # position among the communicator's members by global rank, as torch.distributed.new_group numbers them.
-    c["comm_rank"] = c.groupby(["export", "pid", "comm_id"])["comm_rank"].transform("first")
-    members = c.dropna(subset=["rank"]).drop_duplicates(["comm_id", "rank"]).sort_values("rank")
-    position = members.assign(pos=members.groupby("comm_id").cumcount()).set_index(["comm_id", "rank"])["pos"]
-    guess = c[["comm_id", "rank"]].merge(position.reset_index(), on=["comm_id", "rank"], how="left")["pos"]
-    c["comm_rank"] = c["comm_rank"].fillna(pd.Series(guess.to_numpy(), index=c.index, dtype="Int64"))
-    c = c.drop(columns="rank")
+    c = _calls_with_communicator(trace).drop(columns="rank")
     c = c.sort_values("start_ns").rename(columns={"start_ns": "c_start", "end_ns": "c_end"})
     q = ops[["export", "pid", "tid", "launch_ns"]].dropna().astype("int64").reset_index().sort_values("launch_ns")
     hit = pd.merge_asof(q, c.astype({"export": "int64", "pid": "int64", "tid": "int64"}), left_on="launch_ns",
                         right_on="c_start", by=["export", "pid", "tid"], direction="backward")  # fmt: skip
     hit = hit[hit["c_end"].notna() & (hit["launch_ns"] <= hit["c_end"])]
-    # communicator hashes use all 64 bits: number them instead of keeping them
-    hit["comm_id"] = pd.factorize(hit["comm_id"])[0]
-    for column in ("comm_id", "comm_rank", "peer"):
-        out.loc[pd.Index(hit["index"]), column] = hit[column].astype("Int64").array
+    where = pd.Index(hit["index"])
+    out.loc[where, "comm_id"] = hit["comm_id"].astype("UInt64").array
+    for column in ("comm_rank", "peer"):
+        out.loc[where, column] = hit[column].astype("Int64").array
     return out
+
+
+def _members(trace: Trace) -> pd.DataFrame:
+    """(comm_id, rank) of every communicator a process of this export made calls on."""
+    c = _calls_with_communicator(trace) if trace.nccl_calls["comm_id"].notna().any() else None
+    if c is None or c.empty:
+        return pd.DataFrame({"export": pd.Series(dtype="int64"), "comm_id": pd.Series(dtype="UInt64"),
+                             "rank": pd.Series(dtype="Int64")})  # fmt: skip
+    m = c.dropna(subset=["rank"]).drop_duplicates(["comm_id", "rank"])[["export", "comm_id", "rank"]]
+    return m.astype({"export": "int64", "comm_id": "UInt64", "rank": "Int64"}).reset_index(drop=True)
+
+
+def _on_job(ops: pd.DataFrame, members: pd.DataFrame, job: JobFacts) -> pd.DataFrame:
+    """The compact tables of every export as one frame on the job clock, with each op's rank in its
+    communicator (from the call, else its position among the members by global rank, as
+    torch.distributed.new_group numbers them) and communicators numbered (hashes use all 64 bits)."""
+    offset = pd.Series(job.clock, dtype="int64").reindex(ops["export"]).fillna(0).astype("int64").to_numpy()
+    ops = ops.assign(a_start=ops["start_ns"].astype("int64") + offset, a_end=ops["end_ns"].astype("int64") + offset,
+                     offset=offset, ready=ops["ready_local"] + offset)  # fmt: skip
+    members = members.dropna().drop_duplicates(["comm_id", "rank"]).sort_values("rank")
+    position = members.assign(pos=members.groupby("comm_id").cumcount()).set_index(["comm_id", "rank"])["pos"]
+    known = ops["comm_id"].notna()
+    if known.any():
+        keys = pd.MultiIndex.from_arrays([ops.loc[known, "comm_id"], ops.loc[known, "rank"]])
+        guess = pd.array(position.reindex(keys).to_numpy(), dtype="Int64")
+        ops.loc[known, "comm_rank"] = ops.loc[known, "comm_rank"].fillna(pd.Series(guess, index=ops.index[known]))
+        ops["comm_id"] = pd.array(pd.factorize(ops["comm_id"])[0], dtype="Int64")
+        ops.loc[~known, "comm_id"] = pd.NA
+    return ops
 
 
 def _participants(ops: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, str]:
@@ -185,10 +215,9 @@ def stalls(ops: pd.DataFrame, edges: pd.DataFrame, p: Params) -> pd.DataFrame:
                         index=ops.index)  # fmt: skip
 
 
-@register(KIND, Params)
-def detect(trace: Trace, p: Params) -> list[Finding]:
-    """NCCL ops that were ready, with ready peers, but queued behind an op waiting for a late rank."""
-    ops = _ops(trace)
+def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tuple[Finding, int]]:
+    """The stalls of the whole job, from every export's NCCL ops and communicator members."""
+    ops = _on_job(tables["ops"], tables["members"], job)
     if ops["rank"].nunique() < 2:
         return []
     edges, method = _participants(ops, p)
@@ -197,7 +226,6 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     impact, free_at, a_wait = st["impact"].to_numpy(), st["free_at"].to_numpy(), st["a_wait"].to_numpy()
     ai = np.maximum(st["a"].to_numpy(), 0)
 
-    runs = run_ns(trace)
     heads = np.flatnonzero(hit & (parent < 0))
     links = pd.DataFrame({"op": np.flatnonzero(hit & (parent >= 0))})
     links["root"] = root[links["op"].to_numpy()]
@@ -217,7 +245,7 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
                      "launch": "launch call return (no event wait gated this op)",
                      "launch_only": "launch call return (no cudaEventRecord rows in this capture: record them with "
                                     "nsys profile --cuda-event-trace=true)"}[b["ready_from"]]  # fmt: skip
-        run = int(runs.get(b["export"], 0))
+        run = int(job.runs[as_int(b["export"])])
         finding = Finding(
             kind=KIND,
             severity=Severity.INFO,
@@ -265,4 +293,10 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
         if cascade:
             finding.evidence["cascade"] = cascade
         graded.append((finding, run))
-    return grade(graded, p)
+    return graded
+
+
+@register(KIND, Params, reduce=reduce)
+def detect(trace: Trace, p: Params) -> dict[str, pd.DataFrame]:
+    """NCCL ops that were ready, with ready peers, but queued behind an op waiting for a late rank."""
+    return {"ops": _ops(trace), "members": _members(trace)}

@@ -3,6 +3,11 @@
 Built-in detectors register through the same :func:`register` an outside detector would use.
 Parameters are dataclass fields with defaults and a ``help`` text; ``nsysan report --set
 KIND.PARAM=VALUE`` overrides them, and ``nsysan detectors`` lists them.
+
+A detector runs on one export at a time (:mod:`nsysan.detect.runner` runs it on each, possibly on
+other machines) and returns its findings. A detector that must see every rank at once (the
+ordering stall compares ops across ranks) registers a ``reduce``: then the function returns
+compact tables from one export, and ``reduce`` turns the tables of all exports into findings.
 """
 
 from __future__ import annotations
@@ -13,17 +18,31 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
+
 from nsysan.errors import InputError
 from nsysan.findings import Finding
 from nsysan.ingest.trace import Trace
 
 
 @dataclass(frozen=True)
+class JobFacts:
+    """What a cross-rank reduce knows of the job besides the exports' compact tables."""
+
+    runs: list[int]  # per export: the run length in ns (``common.run_ns``)
+    clock: list[int]  # per export: ns to add to put its times on the job clock (``Trace.job_clock``)
+
+
+Reduce = Callable[[dict[str, pd.DataFrame], JobFacts, Any], list[tuple[Finding, int]]]
+
+
+@dataclass(frozen=True)
 class DetectorSpec:
     kind: str
-    run: Callable[[Trace, Any], list[Finding]]
+    run: Callable[[Trace, Any], Any]
     params: type
     summary: str
+    reduce: Reduce | None = None
 
 
 _REGISTRY: dict[str, DetectorSpec] = {}
@@ -35,13 +54,18 @@ def param(default: float, help: str) -> Any:
 
 
 def register(
-    kind: str, params: type
-) -> Callable[[Callable[[Trace, Any], list[Finding]]], Callable[[Trace, Any], list[Finding]]]:
-    """Decorator: run ``detector(trace, params)`` in every report as finding kind ``kind``."""
+    kind: str, params: type, reduce: Reduce | None = None
+) -> Callable[[Callable[[Trace, Any], Any]], Callable[[Trace, Any], Any]]:
+    """Decorator: run ``detector(trace, params)`` in every report as finding kind ``kind``.
 
-    def add(detector: Callable[[Trace, Any], list[Finding]]) -> Callable[[Trace, Any], list[Finding]]:
+    Without ``reduce`` the detector returns findings of the export it is given. With it, the
+    detector returns ``{name: frame}`` (each frame with an ``export`` column) and
+    ``reduce(frames of every export, JobFacts, params)`` returns (finding, run length) pairs.
+    """
+
+    def add(detector: Callable[[Trace, Any], Any]) -> Callable[[Trace, Any], Any]:
         summary = (detector.__doc__ or kind).strip().splitlines()[0]
-        _REGISTRY[kind] = DetectorSpec(kind, detector, params, summary)
+        _REGISTRY[kind] = DetectorSpec(kind, detector, params, summary, reduce)
         return detector
 
     return add
@@ -76,10 +100,3 @@ def parse_settings(items: Iterable[str]) -> dict[str, dict[str, float]]:
             raise InputError(f"--set {item!r}: {kind}.{name} is a whole number")
         settings.setdefault(kind, {})[name] = int(number) if whole else number
     return settings
-
-
-def run_detectors(trace: Trace, settings: dict[str, dict[str, float]] | None = None) -> list[Finding]:
-    """Every registered detector's findings, worst first."""
-    settings = settings or {}
-    findings = [f for spec in _REGISTRY.values() for f in spec.run(trace, spec.params(**settings.get(spec.kind, {})))]
-    return sorted(findings, key=lambda f: (-f.severity.rank, -f.impact_ns, f.start_ns))

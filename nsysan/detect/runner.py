@@ -1,0 +1,90 @@
+"""The detectors over a job, one export at a time: a map per export, then a reduce over the job.
+
+The map (:func:`map_detectors`) needs one export's frames and returns what is small enough to send
+to a coordinator: the findings of the per-export detectors and the compact tables of the cross-rank
+ones (the ordering stall's NCCL ops, about 150 bytes each). The reduce (:func:`reduce_detectors`)
+needs only those, so a job of a thousand rank files never has more than one rank's frames in
+memory at once. The serial path (:func:`run_detectors`) and the distributed one
+(:mod:`nsysan.analysis` on Dask) run these same functions, so they give the same findings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from nsysan.detect.common import SeverityParams, grade, run_ns
+from nsysan.detect.registry import JobFacts, registered
+from nsysan.findings import Finding
+from nsysan.ingest.trace import Trace
+
+Settings = dict[str, dict[str, float]]
+
+
+@dataclass
+class DetectorParts:
+    """One export's share of the detectors' work (picklable: frames, findings and numbers)."""
+
+    run_ns: int
+    findings: dict[str, list[Finding]] = field(default_factory=dict)  # per-export detectors, by kind
+    tables: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)  # cross-rank detectors, by kind
+
+    def with_export(self, index: int) -> DetectorParts:
+        """The same parts with every table's ``export`` column set to ``index``, the export's place in the job."""
+        tables = {
+            kind: {name: frame.assign(export=index) for name, frame in frames.items()}
+            for kind, frames in self.tables.items()
+        }
+        return dataclasses.replace(self, tables=tables)
+
+
+def map_detectors(trace: Trace, settings: Settings | None = None) -> DetectorParts:
+    """Every registered detector on ``trace``, which holds one export (its index is 0)."""
+    if len(trace.exports) != 1:
+        raise ValueError(f"map_detectors takes a trace of one export, not {len(trace.exports)}")
+    settings = settings or {}
+    parts = DetectorParts(run_ns=int(run_ns(trace).iloc[0]))
+    for spec in registered().values():
+        out = spec.run(trace, spec.params(**settings.get(spec.kind, {})))
+        if spec.reduce is None:
+            parts.findings[spec.kind] = list(out)
+        else:
+            parts.tables[spec.kind] = dict(out)
+    return parts
+
+
+def reduce_detectors(parts: list[DetectorParts], clock: list[int], settings: Settings | None = None) -> list[Finding]:
+    """The job's findings, worst first, from every export's :class:`DetectorParts` (in export order)
+    and each export's job-clock offset. Severity is graded here, over the whole job, because a
+    group (one problem) may have occurrences on several ranks."""
+    settings = settings or {}
+    job = JobFacts(runs=[p.run_ns for p in parts], clock=list(clock))
+    findings: list[Finding] = []
+    for spec in registered().values():
+        p = spec.params(**settings.get(spec.kind, {}))
+        if spec.reduce is None:
+            pairs = [(f, part.run_ns) for part in parts for f in part.findings.get(spec.kind, [])]
+        else:
+            names = dict.fromkeys(name for part in parts for name in part.tables.get(spec.kind, {}))
+            frames = {
+                name: pd.concat(
+                    [part.tables[spec.kind][name] for part in parts if name in part.tables.get(spec.kind, {})],
+                    ignore_index=True,
+                )
+                for name in names
+            }
+            pairs = spec.reduce(frames, job, p) if frames else []
+        findings += grade(pairs, p) if isinstance(p, SeverityParams) else [f for f, _ in pairs]
+    return sorted(findings, key=lambda f: (-f.severity.rank, -f.impact_ns, f.start_ns))
+
+
+def run_detectors(trace: Trace, settings: Settings | None = None) -> list[Finding]:
+    """Every registered detector's findings on ``trace``, worst first: the map on each export in
+    turn, in this process, then the reduce."""
+    parts = []
+    for index in range(len(trace.exports)):
+        with trace.export_alone(index) as one:
+            parts.append(map_detectors(one, settings).with_export(index))
+    return reduce_detectors(parts, [int(c) for c in trace.job_clock()], settings)
