@@ -120,7 +120,7 @@ def _period(codes: np.ndarray) -> int | None:
     return None
 
 
-def _sequence_steps(k: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+def _sequence_steps(k: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[int, str]]]:
     """Steps from a repeating kernel sequence: per rank, the compute kernels (NCCL ones run on
     other streams and interleave) in start order, the period of their signatures, and one anchor
     kernel that occurs once per period; a step is one anchor start to the next."""
@@ -147,13 +147,14 @@ def _sequence_steps(k: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
             continue
         rows.append(pd.DataFrame({"rank": int(rank), "start_ns": starts[:-1][regular], "end_ns": starts[1:][regular]}))  # type: ignore[arg-type]  # key of the int64 rank column
         first = int(idx[0])
-        anchors.append(
+        anchors.append((
+            int(g["rank"].iloc[0]),
             f"{g['short_name'].iloc[first]} ({g['shape'].iloc[first]}) "
-            + (f"once every {p} compute kernels" if once else f"starting each period of {p} compute kernels")
-        )
+            + (f"once every {p} compute kernels" if once else f"starting each period of {p} compute kernels"),
+        ))  # fmt: skip
     if not rows:
-        return pd.DataFrame(columns=["rank", "start_ns", "end_ns"]), None
-    return pd.concat(rows, ignore_index=True), "; ".join(dict.fromkeys(anchors))
+        return pd.DataFrame(columns=["rank", "start_ns", "end_ns"]), []
+    return pd.concat(rows, ignore_index=True), anchors
 
 
 def _per_step(trace: Trace, k: pd.DataFrame, steps: pd.DataFrame) -> dict[str, dict[str, list[float]]]:
@@ -252,32 +253,52 @@ def _nccl_table(trace: Trace, k: pd.DataFrame) -> list[dict[str, Any]]:
             for a, o, b, c, t in zip(g["nccl_kind"], g["nccl_op"], g["bytes"], g["count"], g["total_ns"], strict=True)]  # fmt: skip
 
 
-def _capture(trace: Trace) -> dict[str, Any]:
-    """What the exports say about how they were captured: versions, graph trace mode, the
-    launched command and its environment (newer exports record them in META_DATA_CAPTURE)."""
-    options: dict[str, str] = {}
-    command: list[str] = []
-    env: dict[str, str] = {}
+def _capture_part(trace: Trace) -> dict[str, Any]:
+    """What each export says about how it was captured (newer exports record options, the launched
+    command and its environment in META_DATA_CAPTURE), kept per export for :func:`_capture`."""
+    exports = []
     for e in trace.exports:
+        options: dict[str, str] = {}
+        command: list[str] = []
         with NsysExport(e.path) as x:
-            if {"name", "value"} <= set(x.columns("META_DATA_CAPTURE")):
+            meta = {"name", "value"} <= set(x.columns("META_DATA_CAPTURE"))
+            if meta:
                 rows = x.query("SELECT name, value FROM META_DATA_CAPTURE")
                 for name, value in zip(rows["name"].astype(str), rows["value"].astype(str), strict=True):
                     if name == "PROCESS_0:COMMAND" or re.fullmatch(r"PROCESS_0:ARGUMENT_\d+", name):
-                        if not options.get("_command_done"):
-                            command.append(value)
+                        command.append(value)
                     elif not name.startswith("PROCESS_"):
                         options.setdefault(name, value)
-                options["_command_done"] = "1"
-            env = env or x.capture_env()
-    options.pop("_command_done", None)
+            exports.append({"meta": meta, "options": options, "command": command, "env": x.capture_env()})
+    node_ids = trace.kernel_columns(("graph_node_id",))["graph_node_id"].notna().any() if trace.exports else False
+    return {
+        "exports": exports,
+        "nsys_versions": [e.nsys_version for e in trace.exports if e.nsys_version],
+        "schema_versions": [e.schema_version for e in trace.exports if e.schema_version],
+        "graph_launches": len(trace.graph_launches),
+        "graph_node_ids": bool(node_ids),
+    }
+
+
+def _capture(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job's capture from its exports' (in order): options and environment from the first
+    export that records each, the command of the first export that records one."""
+    options: dict[str, str] = {}
+    command: list[str] | None = None
+    env: dict[str, str] = {}
+    for e in (e for p in parts for e in p["exports"]):
+        if e["meta"]:
+            command = e["command"] if command is None else command
+            for name, value in e["options"].items():
+                options.setdefault(name, value)
+        env = env or e["env"]
     options = {n: v for n, v in options.items() if not _VOLATILE_OPTION.search(n)}
     graph_mode = options.get("CUDA_GRAPH_TRACE_OPTIONS:MODE", "").lower() or None
-    if graph_mode is None and len(trace.graph_launches):  # older exports: graph mode leaves no kernel a node id
-        graph_mode = "graph" if trace.kernel_columns(("graph_node_id",))["graph_node_id"].isna().all() else "node"
+    if graph_mode is None and sum(p["graph_launches"] for p in parts):  # older exports: no kernel has a node id
+        graph_mode = "node" if any(p["graph_node_ids"] for p in parts) else "graph"
     return {
-        "nsys_versions": sorted({e.nsys_version for e in trace.exports if e.nsys_version}),
-        "schema_versions": sorted({e.schema_version for e in trace.exports if e.schema_version}),
+        "nsys_versions": sorted({v for p in parts for v in p["nsys_versions"]}),
+        "schema_versions": sorted({v for p in parts for v in p["schema_versions"]}),
         "graph_trace": graph_mode,
         "command": command or None,
         "environment": {n: v for n, v in sorted(env.items()) if n.startswith(("NCCL_", "CUDA_", "TORCH_"))},
@@ -285,43 +306,105 @@ def _capture(trace: Trace) -> dict[str, Any]:
     }
 
 
-def build_profile(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN,
-                  summary: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    """The diff profile of ``trace`` (see the module docstring and docs/diff.md). ``summary``, the
-    report document's, lends its NCCL and copy tables, which are costly to compute twice."""
+def profile_part(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN) -> dict[str, Any]:
+    """The profile figures of ``trace`` (one export on a worker, or a whole job), per rank, for
+    :func:`merge_profiles`. Whether steps come from NVTX or from the kernel sequence is the job's
+    choice, so a trace without NVTX steps also sends its kernel-sequence steps."""
+    _check_pattern(step_pattern)
+    k = _kernels(trace)
+    ranks = trace.ranks
+    m = trace.memcpy
+    steps = _nvtx_steps(trace, step_pattern)
+    part: dict[str, Any] = {
+        "ranks": sorted(int(r) for r in ranks["rank"].dropna().unique()),
+        "rank_sources": sorted(str(x) for x in ranks["rank_source"].dropna().unique())
+        if "rank_source" in ranks
+        else [],
+        "devices": sorted(int(d) for d in pd.concat([k["device"], m["device"]]).dropna().unique()),
+        "capture": _capture_part(trace),
+        "nvtx_steps": _per_step(trace, k, steps) if len(steps) else {},
+        "sequence_steps": {},
+        "anchors": [],
+        "ranks_table": _rank_table(trace, k),
+        "kernels": kernel_table(k),
+    }
+    if steps.empty and len(k):
+        sequence, anchors = _sequence_steps(k)
+        part["sequence_steps"] = _per_step(trace, k, sequence) if len(sequence) else {}
+        part["anchors"] = anchors
+    return part
+
+
+def merge_profiles(parts: list[dict[str, Any]], nccl: list[dict[str, Any]], copies: list[dict[str, Any]],
+                   step_pattern: str = DEFAULT_STEP_PATTERN) -> dict[str, Any]:  # fmt: skip
+    """The job's diff profile from its parts (in export order) and the report's NCCL and copy tables."""
+    nvtx = {r: v for p in parts for r, v in p["nvtx_steps"].items()}
+    source: str | None
+    detail: str | None
+    if nvtx:
+        source, detail, per_rank = "nvtx", f"NVTX ranges matching {step_pattern!r}", nvtx
+    else:
+        per_rank = {r: v for p in parts for r, v in p["sequence_steps"].items()}
+        anchors = sorted((a for p in parts for a in p["anchors"]), key=lambda a: a[0])
+        detail = "; ".join(dict.fromkeys(text for _, text in anchors)) or None
+        source = "kernel sequence" if detail else None
+        per_rank = per_rank if detail else {}
+    kernels = pd.DataFrame([row for p in parts for row in p["kernels"]],
+                           columns=["signature", "short_name", "shape", "nccl", "count", "total_ns"])  # fmt: skip
+    g = kernels.groupby("signature", sort=False).agg(
+        short_name=("short_name", "first"), shape=("shape", "first"), nccl=("nccl", "first"),
+        count=("count", "sum"), total_ns=("total_ns", "sum"),
+    )  # fmt: skip
+    g = g.sort_values("total_ns", ascending=False, kind="stable").reset_index()
+    return {
+        "version": PROFILE_VERSION,
+        "ranks": sorted({r for p in parts for r in p["ranks"]}),
+        "rank_sources": sorted({x for p in parts for x in p["rank_sources"]}),
+        "devices": sorted({d for p in parts for d in p["devices"]}),
+        "capture": _capture([p["capture"] for p in parts]),
+        "steps": {"source": source, "detail": detail, "per_rank": {r: per_rank[r] for r in sorted(per_rank, key=int)}},
+        "ranks_table": sorted((row for p in parts for row in p["ranks_table"]), key=lambda row: row["rank"]),
+        "kernels": _kernel_rows(g),
+        "nccl": nccl,
+        "copies": copies,
+    }
+
+
+def _kernel_rows(g: pd.DataFrame) -> list[dict[str, Any]]:
+    columns = (g["signature"], g["short_name"], g["shape"], g["nccl"], g["count"], g["total_ns"])
+    return [
+        {"signature": str(s), "short_name": str(n), "shape": str(sh), "nccl": bool(c), "count": int(cnt),
+         "total_ns": int(t)}
+        for s, n, sh, c, cnt, t in zip(*columns, strict=True)
+    ]  # fmt: skip
+
+
+def _check_pattern(step_pattern: str) -> None:
     try:
         re.compile(step_pattern)
     except re.error as exc:
         from nsysan.errors import InputError
 
         raise InputError(f"--step-pattern {step_pattern!r}: not a regular expression ({exc})") from None
-    k = _kernels(trace)
-    steps = _nvtx_steps(trace, step_pattern)
-    source, detail = ("nvtx", f"NVTX ranges matching {step_pattern!r}") if len(steps) else (None, None)
-    if steps.empty and len(k):
-        steps, detail = _sequence_steps(k)
-        source = "kernel sequence" if detail else None
-    ranks = trace.ranks
-    m = trace.memcpy
+
+
+def summary_tables(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The profile's NCCL and copy tables from a report document's summary (computed once there)."""
+    nccl = [{"kind": r["kind"], "op": r["op"], "bytes": str(r["bytes"]), "count": r["count"], "total_ns": r["total_ns"]}
+            for r in summary["nccl"]]  # fmt: skip
+    copies = [{k: r[k] for k in ("copy_kind", "count", "bytes", "total_ns")} for r in summary["copies"]]
+    return nccl, copies
+
+
+def build_profile(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN,
+                  summary: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """The diff profile of ``trace`` (see the module docstring and docs/diff.md). ``summary``, the
+    report document's, lends its NCCL and copy tables, which are costly to compute twice."""
+    part = profile_part(trace, step_pattern)
     if summary is not None:
-        nccl = [{"kind": r["kind"], "op": r["op"], "bytes": str(r["bytes"]), "count": r["count"], "total_ns": r["total_ns"]}
-                for r in summary["nccl"]]  # fmt: skip
-        copies = [{k: r[k] for k in ("copy_kind", "count", "bytes", "total_ns")} for r in summary["copies"]]
+        nccl, copies = summary_tables(summary)
     else:
-        nccl = _nccl_table(trace, k)
+        nccl = _nccl_table(trace, _kernels(trace))
         copies = [{"copy_kind": str(r["copy_kind"]), "count": int(r["count"]), "bytes": int(r["bytes"]),
                    "total_ns": int(r["total_ns"])} for r in copy_table(trace).to_dict("records")]  # fmt: skip
-    return {
-        "version": PROFILE_VERSION,
-        "ranks": sorted(int(r) for r in ranks["rank"].dropna().unique()),
-        "rank_sources": sorted(str(x) for x in ranks["rank_source"].dropna().unique())
-        if "rank_source" in ranks
-        else [],
-        "devices": sorted(int(d) for d in pd.concat([k["device"], m["device"]]).dropna().unique()),
-        "capture": _capture(trace),
-        "steps": {"source": source, "detail": detail, "per_rank": _per_step(trace, k, steps) if len(steps) else {}},
-        "ranks_table": _rank_table(trace, k),
-        "kernels": kernel_table(k),
-        "nccl": nccl,
-        "copies": copies,
-    }
+    return merge_profiles([part], nccl, copies, step_pattern)
