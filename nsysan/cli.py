@@ -120,28 +120,48 @@ def report(
     ] = None,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=0,
+            help="Analyse the exports on a local Dask cluster of this many worker processes, one export at a "
+            "time each (0 or 1: in this process). Default: in this process for one export or under 512 MiB of "
+            "exports, else one worker per core.",
+            show_default=False,
+        ),
+    ] = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            "--scheduler",
+            metavar="ADDRESS",
+            help="Use a running Dask scheduler (e.g. tcp://10.0.0.5:8786, started with `dask scheduler` and "
+            "`dask worker` on a Slurm allocation); its workers must read the exports at the same paths.",
+        ),
+    ] = None,
 ) -> None:
     """Analyse nsys exports: per-rank GPU time, NCCL, NVTX, limits of the capture, and findings.
 
     Example: nsysan report fixtures/samples/allreduce-2rank.sqlite --format markdown -o report.md
     """
-    from nsysan.analysis import analyse
     from nsysan.detect import parse_settings
-    from nsysan.diff import build_profile, capture_notes, read_manifest
+    from nsysan.diff import DEFAULT_STEP_PATTERN, capture_notes, read_manifest
+    from nsysan.engine import analyse_files, open_engine
     from nsysan.findings import Severity
-    from nsysan.ingest import expand_inputs, load_trace
+    from nsysan.ingest import expand_inputs
     from nsysan.report.renderers import RENDERERS, render_terminal
 
     fmt = output_format_for(output_format.value if output_format else None, output)
     overrides = parse_settings(settings or [])
     _configure_cache(cache_dir, no_cache)
     manifests = [m for m in map(read_manifest, traces) if m is not None]  # run directories of `nsysan capture`
-    if output is not None and output.resolve() in {p.resolve() for p in expand_inputs(traces)}:
+    paths = expand_inputs(traces)
+    if output is not None and output.resolve() in {p.resolve() for p in paths}:
         raise InputError(f"{output}: is one of the input traces; choose another --output file")
-    with load_trace(traces) as trace:
-        doc = analyse(trace, overrides)
-        if fmt == "json":  # what `nsysan diff` needs from a saved baseline
-            doc["profile"] = build_profile(trace, summary=doc["summary"])
+    with open_engine(workers, scheduler, paths) as engine:
+        # json carries the profile `nsysan diff` needs from a saved baseline
+        doc = analyse_files(traces, overrides, engine, DEFAULT_STEP_PATTERN if fmt == "json" else None)
     if manifests:
         doc["capture"] = manifests[0] if len(manifests) == 1 else manifests
         ranks = len({r for t in doc["traces"] for r in t["ranks"]})

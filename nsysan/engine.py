@@ -1,0 +1,178 @@
+"""Where the map of :mod:`nsysan.analysis` runs: in this process, or on a Dask cluster.
+
+``nsysan report --workers N`` starts a local cluster of N single-threaded worker processes;
+``--scheduler ADDRESS`` uses a running one (``dask scheduler`` and ``dask worker``, e.g. on a Slurm
+allocation: the workers must read the exports at the same paths). Each task reads one export, so a
+worker holds one rank's frames at a time, and this process (the coordinator) receives only the
+compact results the reduce needs. Dask does the scheduling, retries and transport; nsysan only
+says what a task is (one export) and how results combine (:func:`nsysan.analysis.reduce_job`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import pandas as pd
+
+from nsysan.analysis import ExportResult, Settings, map_export, reduce_job
+from nsysan.diff.profile import merge_profiles, profile_part, summary_tables
+from nsysan.errors import InputError
+from nsysan.ingest import expand_inputs, load_trace
+from nsysan.ingest.cache import FrameCache, process_cache
+from nsysan.ingest.export import NsysExport
+from nsysan.ingest.ranks import announced_ranks, assign_guessed
+
+T = TypeVar("T")
+
+# Below this much export data a local cluster's start-up (~2 s) costs more than it saves.
+AUTO_CLUSTER_BYTES = 512 << 20
+_CONNECT_TIMEOUT = "10s"
+
+
+class Engine(Protocol):
+    def map(self, fn: Callable[..., T], tasks: Sequence[tuple[Any, ...]], what: str) -> list[T]:
+        """``[fn(*task) for task in tasks]``, in order, wherever this engine runs them."""
+        ...
+
+
+def _progress(total: int, what: str) -> Any:
+    """A progress bar on stderr when a person watches it; None otherwise."""
+    if total < 2 or not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn(f"{what:<8}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)  # fmt: skip
+    return bar
+
+
+class Serial:
+    """One task after the other in this process."""
+
+    def map(self, fn: Callable[..., T], tasks: Sequence[tuple[Any, ...]], what: str) -> list[T]:
+        bar = _progress(len(tasks), what)
+        if bar is None:
+            return [fn(*task) for task in tasks]
+        with bar:
+            job = bar.add_task(what, total=len(tasks))
+            out = []
+            for task in tasks:
+                out.append(fn(*task))
+                bar.advance(job)
+            return out
+
+
+class DaskEngine:
+    """Tasks on a dask.distributed cluster, one export per task."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def map(self, fn: Callable[..., T], tasks: Sequence[tuple[Any, ...]], what: str) -> list[T]:
+        from distributed import as_completed
+
+        futures = [self.client.submit(fn, *task, pure=False) for task in tasks]
+        bar = _progress(len(tasks), what)
+        try:
+            if bar is not None:
+                with bar:
+                    job = bar.add_task(what, total=len(tasks))
+                    for _ in as_completed(futures):
+                        bar.advance(job)
+            results: list[T] = self.client.gather(futures)  # re-raises a task's own error (InputError...)
+            return results
+        except (ModuleNotFoundError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and "deserializ" not in str(exc):
+                raise
+            raise InputError(
+                "the Dask cluster cannot run nsysan's tasks: its scheduler and workers need the same nsysan and "
+                f"Python packages as this process ({str(exc).splitlines()[0]})"
+            ) from None
+        finally:
+            self.client.cancel(futures)
+
+
+def choose_workers(paths: Sequence[Path]) -> int:
+    """The default: in this process for one export or a small job; else a local cluster with a
+    worker per core (at most one per export)."""
+    total = sum(p.stat().st_size for p in paths if p.is_file())  # the others fail in their task, by name
+    if len(paths) < 2 or total < AUTO_CLUSTER_BYTES:
+        return 0
+    return min(len(paths), os.cpu_count() or 1)
+
+
+@contextmanager
+def open_engine(workers: int | None, scheduler: str | None, paths: Sequence[Path]) -> Iterator[Engine]:
+    """The engine for ``paths``: ``scheduler`` (an address) wins; else ``workers`` local worker
+    processes (0 or 1: this process; None: :func:`choose_workers`)."""
+    if scheduler is None:
+        n = choose_workers(paths) if workers is None else workers
+        if n <= 1:
+            yield Serial()
+            return
+    from distributed import Client, LocalCluster
+
+    if scheduler is not None:
+        try:
+            client = Client(scheduler, timeout=_CONNECT_TIMEOUT, set_as_default=False)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise InputError(f"--scheduler {scheduler}: cannot connect to a Dask scheduler there ({exc})") from None
+        with client:
+            yield DaskEngine(client)
+        return
+    # ":0": Dask's status page on a free port, so two reports at once do not collide on 8787
+    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                           silence_logs=logging.ERROR)  # fmt: skip
+    with cluster, Client(cluster, set_as_default=False) as client:
+        yield DaskEngine(client)
+
+
+def announced_in_file(path: Path, index: int) -> pd.DataFrame:
+    """Task: the ranks the processes of one export announced (see :func:`announced_ranks`)."""
+    with NsysExport(path) as x:
+        return announced_ranks(x, index)
+
+
+def map_file(
+    path: Path, index: int, ranks: pd.DataFrame, settings: Settings, cache: FrameCache | None, steps: str | None
+) -> ExportResult:
+    """Task: the map of one export, opened on the worker (with the diff profile's part when ``steps``,
+    the step pattern, is given)."""
+    with load_trace([path], cache=cache, ranks=ranks) as trace:
+        result = map_export(trace, index, settings)
+        if steps is not None:
+            result.profile = profile_part(trace, steps)
+        return result
+
+
+def analyse_files(
+    inputs: Sequence[str | os.PathLike[str]], settings: Settings, engine: Engine, profile_steps: str | None = None
+) -> dict[str, Any]:
+    """The report document of the job in ``inputs`` (files, directories, globs), mapped by ``engine``;
+    with the diff profile (``profile``) when ``profile_steps``, its step pattern, is given.
+
+    Same document as :func:`nsysan.analysis.analyse` on ``load_trace(inputs)`` (plus
+    :func:`nsysan.diff.build_profile`): the same functions run, only elsewhere.
+    """
+    skipped: list[str] = []
+    paths = expand_inputs(inputs, skipped)
+    announced = engine.map(announced_in_file, [(p, i) for i, p in enumerate(paths)], "ranks")
+    ranks = assign_guessed(announced)
+    cache = process_cache()
+    tasks = [
+        (p, i, ranks[ranks["export"] == i].assign(export=0).reset_index(drop=True), settings, cache, profile_steps)
+        for i, p in enumerate(paths)
+    ]
+    results = engine.map(map_file, tasks, "exports")
+    doc = reduce_job(results, ranks, skipped, settings)
+    if profile_steps is not None:
+        parts = [r.profile for r in results if r.profile is not None]
+        doc["profile"] = merge_profiles(parts, *summary_tables(doc["summary"]), profile_steps)
+    return doc
