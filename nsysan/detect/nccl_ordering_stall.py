@@ -41,7 +41,7 @@ from nsysan.detect.common import SeverityParams, as_int, as_optional_int, share_
 from nsysan.detect.readiness import device_ready
 from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Finding, Severity
-from nsysan.ingest.nccl import is_communication, is_point_to_point, participants_by_communicator
+from nsysan.ingest.nccl import EDGE_COLUMNS, is_communication, is_point_to_point, participants_by_communicator
 from nsysan.ingest.trace import Trace
 
 KIND = "nccl_ordering_stall"
@@ -141,30 +141,66 @@ def _on_job(ops: pd.DataFrame, members: pd.DataFrame, job: JobFacts) -> pd.DataF
     return ops
 
 
-def _participants(ops: pd.DataFrame, p: Params) -> tuple[pd.DataFrame, str]:
-    """Participant edges (i, j) and the method: payloads for ops that have them, position for the rest."""
+@dataclass(frozen=True)
+class Participants:
+    """Who takes part in each op: ``group`` (per op, its collective's group number, -1: none; the
+    other members are its participants) and ``edges`` (i, j) for the rest."""
+
+    group: pd.Series
+    edges: pd.DataFrame
+    method: str
+
+    def ranks_of(self, ops: pd.DataFrame, i: int) -> list[int]:
+        """The ranks of op ``i``'s participants (for the evidence of reported ops only)."""
+        rank = ops["rank"].to_numpy()
+        g = as_int(self.group.iat[i])
+        members = np.flatnonzero(self.group.to_numpy() == g) if g >= 0 else np.array([], dtype=np.int64)
+        members = members[members != i]
+        linked = self.edges.loc[self.edges["i"] == i, "j"].to_numpy()
+        return sorted({int(r) for r in rank[np.concatenate([members, linked]).astype(np.int64)]})
+
+
+def _participants(ops: pd.DataFrame, p: Params) -> Participants:
+    """Participants and the method: payloads for ops that have them, position for the rest."""
     with_comm = ops["comm_id"].notna()
     reach = max(int(p.max_candidates), 2 * ops["rank"].nunique())
-    parts, methods = [], []
+    group = pd.Series(-1, index=ops.index, dtype="int64")
+    parts, methods = [pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")], []
     if with_comm.any():
-        parts.append(participants_by_communicator(ops[with_comm]))
+        by_comm, edges = participants_by_communicator(ops[with_comm])
+        group.loc[by_comm.index] = by_comm.to_numpy()
+        parts.append(edges)
         methods.append("NCCL communicator payloads")
     if (~with_comm).any():
         parts.append(nccl_participants.by_position(ops[~with_comm], p.match_tolerance_ns, p.match_tolerance_share,
                                                    int(p.min_iterations), reach))  # fmt: skip
         methods.append("program position (kernels ending together in every iteration)")
-    return pd.concat(parts, ignore_index=True), " and ".join(methods)
+    return Participants(group, pd.concat(parts, ignore_index=True).astype("int64"), " and ".join(methods))
 
 
-def _latest_peer(ops: pd.DataFrame, edges: pd.DataFrame) -> pd.DataFrame:
-    """Per op: its participant that started last (op index, start, rank) and the participants' ranks."""
-    e = edges.assign(j_start=ops["a_start"].to_numpy()[edges["j"].to_numpy()])
-    e = e.sort_values(["i", "j_start"], kind="stable")
+def _latest_peer(ops: pd.DataFrame, parts: Participants) -> pd.DataFrame:
+    """Per op: its participant that started last (op index, start, rank); among equal starts, the
+    one of the highest op index."""
+    start = ops["a_start"].to_numpy()
+    edges = parts.edges
+    e = edges.assign(j_start=start[edges["j"].to_numpy()])
+    e = e.sort_values(["i", "j_start", "j"], kind="stable")
     last = e.groupby("i").tail(1).set_index("i")
+    late = last["j"].reindex(ops.index).fillna(-1).astype("int64").to_numpy().copy()
+    # a collective's latest other member: its group's last member, or the one before when that is itself
+    members = pd.DataFrame({"group": parts.group.to_numpy(), "start": start, "op": np.arange(len(ops))})
+    members = members[members["group"] >= 0].sort_values(["group", "start", "op"], kind="stable")
+    if len(members):
+        last = members.drop_duplicates("group", keep="last")
+        second = members.drop(last.index).drop_duplicates("group", keep="last")
+        top = last.set_index("group")["op"].reindex(members["group"]).to_numpy()
+        runner_up = second.set_index("group")["op"].reindex(members["group"]).fillna(-1).astype("int64").to_numpy()
+        op = members["op"].to_numpy()
+        late[op] = np.where(top == op, runner_up, top)
     out = pd.DataFrame(index=ops.index)
-    out["late_op"] = last["j"].reindex(ops.index).fillna(-1).astype("int64")
-    out["late_start"] = last["j_start"].reindex(ops.index)
-    out["late_rank"] = np.where(out["late_op"] >= 0, ops["rank"].to_numpy()[out["late_op"].clip(lower=0)], -1)
+    out["late_op"] = late
+    out["late_start"] = np.where(late >= 0, start[np.maximum(late, 0)], np.nan)
+    out["late_rank"] = np.where(late >= 0, ops["rank"].to_numpy()[np.maximum(late, 0)], -1)
     return out
 
 
@@ -186,10 +222,10 @@ def _predecessor(ops: pd.DataFrame) -> pd.Series:
     return prev
 
 
-def stalls(ops: pd.DataFrame, edges: pd.DataFrame, p: Params) -> pd.DataFrame:
+def stalls(ops: pd.DataFrame, parts: Participants, p: Params) -> pd.DataFrame:
     """Per op (as B): its predecessor A, what A waited for, B's lost time, and whether B is a stall,
     the first of its episode (``parent`` -1) or a link of another stall's episode (``parent``, ``root``)."""
-    peer = _latest_peer(ops, edges)
+    peer = _latest_peer(ops, parts)
     a = _predecessor(ops).to_numpy()
     has_a = a >= 0
     ai = np.where(has_a, a, 0)
@@ -220,8 +256,9 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
     ops = _on_job(tables["ops"], tables["members"], job)
     if ops["rank"].nunique() < 2:
         return []
-    edges, method = _participants(ops, p)
-    st = stalls(ops, edges, p)
+    parts = _participants(ops, p)
+    method = parts.method
+    st = stalls(ops, parts, p)
     hit, parent, root = st["hit"].to_numpy(), st["parent"].to_numpy(), st["root"].to_numpy()
     impact, free_at, a_wait = st["impact"].to_numpy(), st["free_at"].to_numpy(), st["a_wait"].to_numpy()
     ai = np.maximum(st["a"].to_numpy(), 0)
@@ -236,7 +273,7 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
         late = as_int(st["late_rank_of_a"].iat[int(i)])
         lost = int(impact[i])
         off = as_int(b["offset"])
-        participants = sorted({int(r) for r in ops["rank"].to_numpy()[edges.loc[edges["i"] == i, "j"].to_numpy()]})
+        participants = parts.ranks_of(ops, int(i))
         cascade = [{"rank": as_int(ops["rank"].iat[c]), "kernel": str(ops["short_name"].iat[c]),
                     "correlation_id": as_optional_int(ops["correlation_id"].iat[c]),
                     "start_ns": as_int(ops["start_ns"].iat[c]), "lost_ns": int(impact[c])}

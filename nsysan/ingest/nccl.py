@@ -181,28 +181,32 @@ def attach_nccl_bytes(nccl_kernels: pd.DataFrame, trace: LaunchSource) -> pd.Dat
 EDGE_COLUMNS = ["i", "j"]
 
 
-def participants_by_communicator(ops: pd.DataFrame) -> pd.DataFrame:
-    """Participant edges (i, j) from NCCL's payloads: the n-th operation of a communicator on one
-    rank is the n-th on every member; the n-th send from a to b pairs with the n-th receive of b
-    from a. ``ops``: comm_id, comm_rank, peer (the peer's rank in the communicator, point-to-point
-    only), rank and a_start, indexed by op id. Ops without a communicator are left out."""
+def participants_by_communicator(ops: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
+    """Participants from NCCL's payloads: the n-th collective of a communicator on one rank is the
+    n-th on every member; the n-th send from a to b pairs with the n-th receive of b from a.
+    ``ops``: comm_id, comm_rank, peer (the peer's rank in the communicator, point-to-point only),
+    rank and a_start, indexed by op id. Ops without a communicator are left out.
+
+    Returns (``group``, ``edges``): per collective op the number of its (communicator, sequence)
+    group, whose other members are its participants (a group, not edges: a collective over 1,024
+    ranks would be a million edges per operation); and point-to-point edges (i, j).
+    """
+    group = pd.Series(-1, index=ops.index, dtype="int64")
     known = ops.dropna(subset=["comm_id"])
     if known.empty:
-        return pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")
+        return group, pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")
     known = known.sort_values("a_start", kind="stable")
     p2p = known["peer"].notna()
-    coll = known[~p2p].assign(seq=lambda d: d.groupby(["rank", "comm_id"]).cumcount())
-    coll = coll.reset_index()[["index", "rank", "comm_id", "seq"]]
-    edges = coll.merge(coll, on=["comm_id", "seq"], suffixes=("_i", "_j"))
-    edges = edges[edges["rank_i"] != edges["rank_j"]].rename(columns={"index_i": "i", "index_j": "j"})
-    parts = [edges[EDGE_COLUMNS]]
+    coll = known[~p2p]
+    seq = coll.groupby(["rank", "comm_id"]).cumcount()
+    group.loc[coll.index] = coll.assign(seq=seq).groupby(["comm_id", "seq"], sort=False).ngroup().to_numpy()
     pts = known[p2p].copy()
-    if len(pts):
-        pts["peer"] = pts["peer"].astype("int64")
-        pts["me"] = pts["comm_rank"]
-        pts["seq"] = pts.groupby(["rank", "comm_id", "peer"]).cumcount()
-        pts = pts.reset_index()[["index", "comm_id", "me", "peer", "seq"]]
-        pe = pts.merge(pts, left_on=["comm_id", "me", "peer", "seq"], right_on=["comm_id", "peer", "me", "seq"],
-                       suffixes=("_i", "_j"))  # fmt: skip
-        parts.append(pe.rename(columns={"index_i": "i", "index_j": "j"})[EDGE_COLUMNS])
-    return pd.concat(parts, ignore_index=True).astype("int64")
+    if pts.empty:
+        return group, pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")
+    pts["peer"] = pts["peer"].astype("int64")
+    pts["me"] = pts["comm_rank"]
+    pts["seq"] = pts.groupby(["rank", "comm_id", "peer"]).cumcount()
+    pts = pts.reset_index()[["index", "comm_id", "me", "peer", "seq"]]
+    pe = pts.merge(pts, left_on=["comm_id", "me", "peer", "seq"], right_on=["comm_id", "peer", "me", "seq"],
+                   suffixes=("_i", "_j"))  # fmt: skip
+    return group, pe.rename(columns={"index_i": "i", "index_j": "j"})[EDGE_COLUMNS].astype("int64")
