@@ -41,12 +41,20 @@ from nsysan.detect.common import SeverityParams, as_int, as_optional_int, share_
 from nsysan.detect.readiness import device_ready
 from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Finding, Severity
-from nsysan.ingest.nccl import EDGE_COLUMNS, is_communication, is_point_to_point, participants_by_communicator
+from nsysan.ingest.nccl import (
+    EDGE_COLUMNS,
+    NCCL_COLUMNS,
+    is_communication,
+    is_point_to_point,
+    participants_by_communicator,
+)
 from nsysan.ingest.trace import Trace
 
 KIND = "nccl_ordering_stall"
 _COLUMNS = ("pid", "device", "stream", "correlation_id", "start_ns", "end_ns", "short_name")
 _MAX_CASCADE = 32
+# what the map reads but the reduce does not need: left out of the compact table sent to it
+_MAP_ONLY = ("launched_ns", "tid")
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,8 @@ def _ops(trace: Trace) -> pd.DataFrame:
     device = ready["device_ready_ns"]
     ops["ready_local"] = np.fmax(ops["launched_ns"].astype("float64"), device.astype("float64"))
     ops["ready_from"] = np.where(device.notna(), "device", np.where(ready["events_known"], "launch", "launch_only"))
-    return ops.join(_communicators(trace, ops))
+    ops = ops.join(_communicators(trace, ops)).drop(columns=[*_MAP_ONLY, *NCCL_COLUMNS])
+    return ops.astype({"ready_from": "category"})
 
 
 def _calls_with_communicator(trace: Trace) -> pd.DataFrame:
@@ -150,14 +159,22 @@ class Participants:
     edges: pd.DataFrame
     method: str
 
-    def ranks_of(self, ops: pd.DataFrame, i: int) -> list[int]:
-        """The ranks of op ``i``'s participants (for the evidence of reported ops only)."""
+    def ranks_of(self, ops: pd.DataFrame, heads: np.ndarray) -> dict[int, list[int]]:
+        """The ranks of each op in ``heads``' participants (for the evidence of reported ops), in
+        one pass over the groups and edges whatever the number of heads."""
         rank = ops["rank"].to_numpy()
-        g = as_int(self.group.iat[i])
-        members = np.flatnonzero(self.group.to_numpy() == g) if g >= 0 else np.array([], dtype=np.int64)
-        members = members[members != i]
-        linked = self.edges.loc[self.edges["i"] == i, "j"].to_numpy()
-        return sorted({int(r) for r in rank[np.concatenate([members, linked]).astype(np.int64)]})
+        group = self.group.to_numpy()
+        wanted = np.unique(group[heads][group[heads] >= 0])
+        members = np.flatnonzero(np.isin(group, wanted))
+        by_group = pd.Series(rank[members]).groupby(group[members]).agg(list).to_dict() if len(members) else {}
+        e = self.edges[self.edges["i"].isin(heads)]
+        by_edge = pd.Series(rank[e["j"].to_numpy()]).groupby(e["i"].to_numpy()).agg(list).to_dict() if len(e) else {}
+        out = {}
+        for i in heads:  # one per reported op
+            own = int(rank[i])
+            mates = [r for r in by_group.get(group[i], []) if r != own] if group[i] >= 0 else []
+            out[int(i)] = sorted({int(r) for r in [*mates, *by_edge.get(i, [])]})
+        return out
 
 
 def _participants(ops: pd.DataFrame, p: Params) -> Participants:
@@ -268,12 +285,13 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
     links["root"] = root[links["op"].to_numpy()]
     chain_of = {as_int(r): [int(c) for c in g["op"]] for r, g in links.groupby("root")}  # one entry per episode
     graded = []
+    participants_of = parts.ranks_of(ops, heads)
     for i in heads:  # one iteration per reported episode
         b, prev = ops.iloc[i], ops.iloc[ai[i]]
         late = as_int(st["late_rank_of_a"].iat[int(i)])
         lost = int(impact[i])
         off = as_int(b["offset"])
-        participants = parts.ranks_of(ops, int(i))
+        participants = participants_of[int(i)]
         cascade = [{"rank": as_int(ops["rank"].iat[c]), "kernel": str(ops["short_name"].iat[c]),
                     "correlation_id": as_optional_int(ops["correlation_id"].iat[c]),
                     "start_ns": as_int(ops["start_ns"].iat[c]), "lost_ns": int(impact[c])}
