@@ -127,9 +127,15 @@ def open_engine(workers: int | None, scheduler: str | None, paths: Sequence[Path
         with client:
             yield DaskEngine(client)
         return
-    # ":0": Dask's status page on a free port, so two reports at once do not collide on 8787
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           silence_logs=logging.ERROR)  # fmt: skip
+    # ":0": Dask's status page on a free port, so two reports at once do not collide on 8787.
+    # Dask starts workers with MALLOC_TRIM_THRESHOLD_=65536, which hands freed memory back to the
+    # kernel at once; a map frees hundreds of MiB of frames per export, and re-faulting them cost
+    # +45% CPU per export here (benchmarks/ranks.py). A task's peak bounds a worker's memory anyway.
+    import dask
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
+                               silence_logs=logging.ERROR)  # fmt: skip
     with cluster, Client(cluster, set_as_default=False) as client:
         yield DaskEngine(client)
 
