@@ -51,7 +51,10 @@ def reduce_job(
     exports = [r.info for r in results]
     overview = merge_overview([r.overview for r in results], ranks, exports, input_notes)
     clock = [int(c) for c in job_clock_offsets([e.session_start_utc_ns for e in exports])]
-    return build_document(overview, reduce_detectors([r.detectors for r in results], clock, settings))
+    notes: list[str] = []
+    findings = reduce_detectors([r.detectors for r in results], clock, settings, notes)
+    overview.limitations.extend(notes)
+    return build_document(overview, findings)
 
 
 def analyse(trace: Trace, settings: Settings | None = None) -> dict[str, Any]:

@@ -118,6 +118,18 @@ def test_payload_job_same_in_process_and_serial_engine(tmp_path):
     assert _json(analyse_files([str(p) for p in paths], {}, Serial())) == _json(serial)
 
 
+def test_position_matching_past_its_memory_limit_is_skipped_and_said(job, serial_doc):
+    """Without payloads, participants by program position cost ops x ranks: past the limit the
+    report says what it did not look for instead of running out of memory."""
+    assert not any("not looked for" in n for n in serial_doc["summary"]["limitations"])
+    with load_trace(job) as trace:
+        doc = analyse(trace, {"nccl_ordering_stall": {"max_position_pairs": 1000}})
+    assert not [f for f in doc["findings"] if f["kind"] == "nccl_ordering_stall"]
+    notes = [n for n in doc["summary"]["limitations"] if n.startswith("Ordering stalls not looked for")]
+    assert len(notes) == 1 and "nccl_ordering_stall.max_position_pairs=1,000" in notes[0]
+    assert {f["kind"] for f in doc["findings"]} == {f["kind"] for f in serial_doc["findings"]} - {"nccl_ordering_stall"}
+
+
 def test_local_cluster_gives_the_serial_report_on_a_slowdown_job(tmp_path):
     paths, _ = confounders_slowdown.scenario(2, True, tmp_path / "slowdown", file_per_rank=True)
     with load_trace(paths) as trace:

@@ -68,6 +68,9 @@ class Params(SeverityParams):
     max_candidates: int = param(
         64, "nearest NCCL ops (by end time) examined as participants of each op (at least 2 x ranks)"
     )
+    max_position_pairs: int = param(
+        100_000_000, "without payloads, ops x candidates beyond which participants are not inferred (memory)"
+    )
 
 
 def _ops(trace: Trace) -> pd.DataFrame:
@@ -177,10 +180,25 @@ class Participants:
         return out
 
 
-def _participants(ops: pd.DataFrame, p: Params) -> Participants:
-    """Participants and the method: payloads for ops that have them, position for the rest."""
+def _participants(ops: pd.DataFrame, p: Params, notes: list[str]) -> Participants:
+    """Participants and the method: payloads for ops that have them, position for the rest.
+
+    Position matching compares every op with its ``reach`` nearest, so its memory grows with ops x
+    ranks (about 2 GiB at 64 ranks x 10,000 ops); past ``max_position_pairs`` it is not attempted
+    and ``notes`` says so: those ops are never reported rather than the report running out of memory.
+    """
     with_comm = ops["comm_id"].notna()
+    by_position = ~with_comm
     reach = max(int(p.max_candidates), 2 * ops["rank"].nunique())
+    pairs = int(by_position.sum()) * reach
+    if pairs > p.max_position_pairs:
+        notes.append(
+            f"Ordering stalls not looked for among {int(by_position.sum()):,} NCCL operations without communicator "
+            f"payloads: matching them by program position across {ops['rank'].nunique():,} ranks would compare "
+            f"{pairs:,} pairs (limit nccl_ordering_stall.max_position_pairs={p.max_position_pairs:,}). Capture with "
+            "NCCL's NVTX payloads (docs/scale.md), or raise the limit with --set if memory allows."
+        )
+        by_position = by_position & False
     group = pd.Series(-1, index=ops.index, dtype="int64")
     parts, methods = [pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")], []
     if with_comm.any():
@@ -188,8 +206,8 @@ def _participants(ops: pd.DataFrame, p: Params) -> Participants:
         group.loc[by_comm.index] = by_comm.to_numpy()
         parts.append(edges)
         methods.append("NCCL communicator payloads")
-    if (~with_comm).any():
-        parts.append(nccl_participants.by_position(ops[~with_comm], p.match_tolerance_ns, p.match_tolerance_share,
+    if by_position.any():
+        parts.append(nccl_participants.by_position(ops[by_position], p.match_tolerance_ns, p.match_tolerance_share,
                                                    int(p.min_iterations), reach))  # fmt: skip
         methods.append("program position (kernels ending together in every iteration)")
     return Participants(group, pd.concat(parts, ignore_index=True).astype("int64"), " and ".join(methods))
@@ -273,7 +291,7 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
     ops = _on_job(tables["ops"], tables["members"], job)
     if ops["rank"].nunique() < 2:
         return []
-    parts = _participants(ops, p)
+    parts = _participants(ops, p, job.notes)
     method = parts.method
     st = stalls(ops, parts, p)
     hit, parent, root = st["hit"].to_numpy(), st["parent"].to_numpy(), st["root"].to_numpy()

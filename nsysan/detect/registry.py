@@ -31,6 +31,7 @@ class JobFacts:
 
     runs: list[int]  # per export: the run length in ns (``common.run_ns``)
     clock: list[int]  # per export: ns to add to put its times on the job clock (``Trace.job_clock``)
+    notes: list[str] = dataclasses.field(default_factory=list)  # what a reduce could not do, for the report
 
 
 Reduce = Callable[[dict[str, pd.DataFrame], JobFacts, Any], list[tuple[Finding, int]]]

@@ -55,10 +55,13 @@ def map_detectors(trace: Trace, settings: Settings | None = None) -> DetectorPar
     return parts
 
 
-def reduce_detectors(parts: list[DetectorParts], clock: list[int], settings: Settings | None = None) -> list[Finding]:
+def reduce_detectors(
+    parts: list[DetectorParts], clock: list[int], settings: Settings | None = None, notes: list[str] | None = None
+) -> list[Finding]:
     """The job's findings, worst first, from every export's :class:`DetectorParts` (in export order)
     and each export's job-clock offset. Severity is graded here, over the whole job, because a
-    group (one problem) may have occurrences on several ranks."""
+    group (one problem) may have occurrences on several ranks. What a detector could not do is
+    added to ``notes`` (the report's limitations)."""
     settings = settings or {}
     job = JobFacts(runs=[p.run_ns for p in parts], clock=list(clock))
     findings: list[Finding] = []
@@ -77,6 +80,8 @@ def reduce_detectors(parts: list[DetectorParts], clock: list[int], settings: Set
             }
             pairs = spec.reduce(frames, job, p) if frames else []
         findings += grade(pairs, p) if isinstance(p, SeverityParams) else [f for f, _ in pairs]
+    if notes is not None:
+        notes.extend(job.notes)
     return sorted(findings, key=lambda f: (-f.severity.rank, -f.impact_ns, f.start_ns))
 
 
