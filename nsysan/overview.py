@@ -504,55 +504,15 @@ def merge_overview(
 # ---- the tables of one Trace (map and reduce in one process) ----------------------------------
 
 
-def top_kernels(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
-    return _merge_top_kernels(_kernel_part(trace), n)
-
-
-def nccl_table(trace: Trace) -> pd.DataFrame:
-    """NCCL kernel time by kind, operation, and message size where the NCCL NVTX ranges give it."""
-    return _merge_nccl(_nccl_part(trace))
-
-
 def copy_table(trace: Trace) -> pd.DataFrame:
+    """Copies per kind (``nsysan diff``'s profile of a trace without a report reads it)."""
     return _merge_copies(_copy_part(trace))
-
-
-def nvtx_range_table(trace: Trace, n: int = TOP_N) -> pd.DataFrame:
-    return _merge_nvtx_ranges(_nvtx_part(trace), n)
-
-
-def transfer_table(trace: Trace) -> pd.DataFrame:
-    """nsysan's P2P transport: its NVTX ranges (domain ``nsysan``, ``p2p ...``) per direction and tag."""
-    return _merge_transfers(_transfer_part(trace))
 
 
 def _plausible_bytes(values: pd.Series) -> pd.Series:
     """Byte counts as Int64, NA where the value cannot be a size (negative, absurd, not a number)."""
     size = pd.to_numeric(values, errors="coerce").astype("Float64")
     return size.where((size >= 0) & (size < MAX_BYTES)).astype("Int64")
-
-
-def dropped_notes(trace: Trace) -> list[str]:
-    """What the readers left out or repaired, one sentence each ("12 kernels with end before start
-    ignored"), so nobody takes a figure for complete when rows could not be computed with."""
-    trace.audit_times()
-    return _dropped_notes(trace.input_notes, trace.dropped_rows(), len(trace.exports))
-
-
-def export_table(trace: Trace) -> pd.DataFrame:
-    """Per export: the counts a user can check against ``nsys stats`` or SQL."""
-    return _with_ranks(_export_part(trace), trace.ranks)
-
-
-def limitations(trace: Trace, exports: pd.DataFrame | None = None) -> list[str]:
-    """What this capture cannot show, each with the capture option that would show it.
-
-    Judged per export: one rank's file missing kernels or NVTX is worth saying even when the
-    others have them.
-    """
-    exports = export_table(trace) if exports is None else exports
-    facts = _facts_part(trace)
-    return _limitations(exports, facts, trace.ranks, trace.exports, dropped_notes(trace))
 
 
 def build_overview(trace: Trace) -> Overview:

@@ -80,9 +80,9 @@ def test_graph_mode_capture_is_reported(tmp_path):
     paths, truth = write_job(JobSpec(graph="graph"), tmp_path)
     with load_trace(paths) as t:
         assert len(t.graph_launches) == sum(truth.graph_launches.values()) > 0
-        from nsysan.overview import limitations
+        from nsysan.overview import build_overview
 
-        assert any("--cuda-graph-trace=node" in n for n in limitations(t))
+        assert any("--cuda-graph-trace=node" in n for n in build_overview(t).limitations)
 
 
 def test_overhead_type_resolved_through_enum_at_run_time(tmp_path):
