@@ -68,15 +68,7 @@ def kernel_table(k: pd.DataFrame) -> list[dict[str, Any]]:
         short_name=("short_name", "first"), shape=("shape", "first"), nccl=("nccl", "first"),
         count=("dur", "size"), total_ns=("dur", "sum"),
     )  # fmt: skip
-    g = g.sort_values("total_ns", ascending=False).reset_index()
-    g["short_name"] = g["short_name"].astype(str)
-    g["signature"] = g["signature"].astype(str)
-    return [
-        {"signature": s, "short_name": n, "shape": sh, "nccl": bool(c), "count": int(cnt), "total_ns": int(t)}
-        for s, n, sh, c, cnt, t in zip(
-            g["signature"], g["short_name"], g["shape"], g["nccl"], g["count"], g["total_ns"], strict=True
-        )
-    ]
+    return _kernel_rows(g.sort_values("total_ns", ascending=False).reset_index())
 
 
 def _nvtx_steps(trace: Trace, pattern: str) -> pd.DataFrame:
