@@ -73,9 +73,10 @@ class Params(SeverityParams):
     )
 
 
-def _ops(trace: Trace) -> pd.DataFrame:
+def _ops(trace: Trace, with_communicator: pd.DataFrame) -> pd.DataFrame:
     """NCCL kernels of known rank and device, with launch call, iteration, readiness (export clock)
-    and communicator: the compact table one export sends to the reduce."""
+    and communicator (from ``with_communicator``, :func:`_calls_with_communicator`): the compact
+    table one export sends to the reduce."""
     k = trace.kernel_columns(_COLUMNS)
     ops = k[is_communication(k) & k["rank"].notna() & k["device"].notna()].reset_index(drop=True)
     ops = ops.assign(rank=ops["rank"].astype("int64"), p2p=is_point_to_point(ops))
@@ -89,7 +90,7 @@ def _ops(trace: Trace) -> pd.DataFrame:
     device = ready["device_ready_ns"]
     ops["ready_local"] = np.fmax(ops["launched_ns"].astype("float64"), device.astype("float64"))
     ops["ready_from"] = np.where(device.notna(), "device", np.where(ready["events_known"], "launch", "launch_only"))
-    ops = ops.join(_communicators(trace, ops)).drop(columns=[*_MAP_ONLY, *NCCL_COLUMNS])
+    ops = ops.join(_communicators(ops, with_communicator)).drop(columns=[*_MAP_ONLY, *NCCL_COLUMNS])
     return ops.astype({"ready_from": "category"})
 
 
@@ -103,15 +104,15 @@ def _calls_with_communicator(trace: Trace) -> pd.DataFrame:
     return c
 
 
-def _communicators(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
+def _communicators(ops: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     """comm_id (NCCL's 64-bit hash), comm_rank and peer per op from NCCL's NVTX payloads (NA where
     the export has none). comm_rank stays NA where no call of the process gave it: the reduce
     fills it from the communicator's members across the job."""
     out = pd.DataFrame(index=ops.index, data={"comm_id": pd.NA, "comm_rank": pd.NA, "peer": pd.NA}, dtype="Int64")
     out["comm_id"] = out["comm_id"].astype("UInt64")
-    if trace.nccl_calls["comm_id"].isna().all():
+    if calls.empty:
         return out
-    c = _calls_with_communicator(trace).drop(columns="rank")
+    c = calls.drop(columns="rank")
     c = c.sort_values("start_ns").rename(columns={"start_ns": "c_start", "end_ns": "c_end"})
     q = ops[["export", "pid", "tid", "launch_ns"]].dropna().astype("int64").reset_index().sort_values("launch_ns")
     hit = pd.merge_asof(q, c.astype({"export": "int64", "pid": "int64", "tid": "int64"}), left_on="launch_ns",
@@ -124,13 +125,12 @@ def _communicators(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _members(trace: Trace) -> pd.DataFrame:
+def _members(calls: pd.DataFrame) -> pd.DataFrame:
     """(comm_id, rank) of every communicator a process of this export made calls on."""
-    c = _calls_with_communicator(trace) if trace.nccl_calls["comm_id"].notna().any() else None
-    if c is None or c.empty:
+    if calls.empty:
         return pd.DataFrame({"export": pd.Series(dtype="int64"), "comm_id": pd.Series(dtype="UInt64"),
                              "rank": pd.Series(dtype="Int64")})  # fmt: skip
-    m = c.dropna(subset=["rank"]).drop_duplicates(["comm_id", "rank"])[["export", "comm_id", "rank"]]
+    m = calls.dropna(subset=["rank"]).drop_duplicates(["comm_id", "rank"])[["export", "comm_id", "rank"]]
     return m.astype({"export": "int64", "comm_id": "UInt64", "rank": "Int64"}).reset_index(drop=True)
 
 
@@ -372,4 +372,5 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
 @register(KIND, Params, reduce=reduce)
 def detect(trace: Trace, p: Params) -> dict[str, pd.DataFrame]:
     """NCCL ops that were ready, with ready peers, but queued behind an op waiting for a late rank."""
-    return {"ops": _ops(trace), "members": _members(trace)}
+    calls = _calls_with_communicator(trace)
+    return {"ops": _ops(trace, calls), "members": _members(calls)}
