@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -43,6 +42,8 @@ import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from scale import slope  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 from fixtures.exporter import ExportWriter  # noqa: E402
 
@@ -367,16 +368,6 @@ def reduce_point(ranks: int, ops: int, payloads: bool, timeout_s: float, max_rss
     if profile:
         res["profile"] = err
     return res
-
-
-def slope(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of log(y) against log(x)."""
-    if len(points) < 2:
-        return None
-    xs, ys = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
 
 
 def _print_point(variant: str, ranks: int, ops: int, res: dict) -> None:
