@@ -8,7 +8,6 @@ import csv
 import datetime as dt
 import io
 import json
-import threading
 
 import pytest
 import sqlalchemy as sa
@@ -17,7 +16,7 @@ from alembic import command
 from nsysan.store import ReviewStore, StaleEdit, schema
 from nsysan.store import export as review_export
 from nsysan.store.models import SCHEMA_VERSION, VERSION_TABLE
-from tests.test_store import _analysed
+from tests.test_store import _analysed, _concurrent_edits
 
 
 def _changes(finding: dict) -> list[tuple]:
@@ -64,22 +63,7 @@ def test_a_save_that_changes_nothing_does_nothing(store):
 def test_of_two_concurrent_edits_one_wins_and_only_its_change_is_recorded(store):
     trace_id = _analysed(store, "overlap-slowdown")
     f = store.findings(trace_id)[0]
-    results: dict[str, object] = {}
-    barrier = threading.Barrier(2)
-
-    def edit(who: str, status: str) -> None:
-        mine = ReviewStore(store.url)
-        barrier.wait()
-        try:
-            results[who] = mine.update_finding(f["id"], based_on_version=1, status=status, assignee=who, author=who)
-        except StaleEdit as exc:
-            results[who] = exc
-
-    threads = [threading.Thread(target=edit, args=(w, s)) for w, s in (("ana", "confirmed"), ("ben", "fixed"))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = _concurrent_edits(store, f["id"], 1, (("ana", "confirmed"), ("ben", "fixed")), signed=True)
     (winner,) = [w for w, r in results.items() if r == 2]
     assert sum(isinstance(r, StaleEdit) for r in results.values()) == 1
     got = store.finding(f["id"])

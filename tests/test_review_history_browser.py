@@ -34,6 +34,16 @@ def _pick(page, dropdown: str, option: str) -> None:
     page.get_by_role("option", name=option, exact=True).click()
 
 
+def _open_the_finding(browser, url: str):
+    """A new page on the pipeline-stall sample's one finding, once the trace is analysed."""
+    page = browser.new_page()
+    page.goto(url)
+    _ready(page, "pipeline-stall")
+    page.goto(f"{url}/findings/1")
+    page.locator("#finding-assignee").wait_for()
+    return page
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db(request, tmp_path) -> str:
     """The review store, on SQLite and on PostgreSQL (emptied; as tests/test_dashboard_browser.py)."""
@@ -110,11 +120,7 @@ def served(db, tmp_path) -> Iterator[object]:
 def test_an_empty_save_changes_nothing(browser, served, db):
     from nsysan.store import ReviewStore
 
-    page = browser.new_page()
-    page.goto(served.url)
-    _ready(page, "pipeline-stall")
-    page.goto(f"{served.url}/findings/1")
-    page.locator("#finding-assignee").wait_for()
+    page = _open_the_finding(browser, served.url)
     page.click("#finding-save")
     page.locator(".unchanged").wait_for()
     store = ReviewStore(db)
@@ -130,11 +136,7 @@ def test_an_empty_save_changes_nothing(browser, served, db):
 
 
 def test_the_review_exports_with_its_thread(browser, served):
-    page = browser.new_page()
-    page.goto(served.url)
-    _ready(page, "pipeline-stall")
-    page.goto(f"{served.url}/findings/1")
-    page.locator("#finding-assignee").wait_for()
+    page = _open_the_finding(browser, served.url)
     page.fill("#author", "sam")
     page.keyboard.press("Tab")
     _pick(page, "#finding-status", "confirmed")
@@ -163,11 +165,7 @@ def test_the_review_exports_with_its_thread(browser, served):
 
 
 def test_unsaved_edits_ask_before_the_page_is_left(browser, served):
-    page = browser.new_page()
-    page.goto(served.url)
-    _ready(page, "pipeline-stall")
-    page.goto(f"{served.url}/findings/1")
-    page.locator("#finding-assignee").wait_for()
+    page = _open_the_finding(browser, served.url)
     assert page.locator("#review-form").get_attribute("data-dirty") == "false"
     page.fill("#finding-assignee", "dana")  # typed, not saved
     page.wait_for_function("document.getElementById('review-form').getAttribute('data-dirty') === 'true'")

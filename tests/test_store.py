@@ -28,6 +28,31 @@ def _analysed(store: ReviewStore, sample: str) -> int:
     return trace_id
 
 
+def _concurrent_edits(
+    store: ReviewStore, finding_id: int, seen: int, edits: tuple[tuple[str, str], ...], signed: bool = False
+) -> dict[str, object]:
+    """Each (who, status) edit of a finding loaded at version ``seen``, from its own connection,
+    released together: who -> the new version, or the StaleEdit raised. ``signed``: who is the author."""
+    results: dict[str, object] = {}
+    barrier = threading.Barrier(len(edits))
+
+    def edit(who: str, status: str) -> None:
+        mine = ReviewStore(store.url)
+        barrier.wait()
+        author = {"author": who} if signed else {}
+        try:
+            results[who] = mine.update_finding(finding_id, based_on_version=seen, status=status, assignee=who, **author)
+        except StaleEdit as exc:
+            results[who] = exc
+
+    threads = [threading.Thread(target=edit, args=e) for e in edits]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def test_register_analyse_and_list(store):
     trace_id = _analysed(store, "pipeline-stall")
     (row,) = store.traces()
@@ -70,25 +95,7 @@ def test_two_concurrent_edits_of_one_finding(store):
     trace_id = _analysed(store, "overlap-slowdown")
     finding = store.findings(trace_id)[0]  # the largest of the slowdown's episodes
     seen = finding["version"]  # both people loaded the finding at this version
-    results: dict[str, object] = {}
-    barrier = threading.Barrier(2)
-
-    def edit(who: str, status: str) -> None:
-        mine = ReviewStore(store.url)
-        barrier.wait()
-        try:
-            results[who] = mine.update_finding(finding["id"], based_on_version=seen, status=status, assignee=who)
-        except StaleEdit as exc:
-            results[who] = exc
-
-    threads = [
-        threading.Thread(target=edit, args=("ada", "confirmed")),
-        threading.Thread(target=edit, args=("bob", "false positive")),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = _concurrent_edits(store, finding["id"], seen, (("ada", "confirmed"), ("bob", "false positive")))
     winners = [w for w, r in results.items() if r == seen + 1]
     losers = [w for w, r in results.items() if isinstance(r, StaleEdit)]
     assert len(winners) == 1 and len(losers) == 1, results
