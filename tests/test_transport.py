@@ -419,6 +419,11 @@ class _FakeCuda:
     def current_stream(self, device=None):
         return None
 
+    def device(self, device):
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def stream(self, stream):
         import contextlib
 
@@ -436,18 +441,23 @@ def test_cuda_ipc_channel_steps_in_order():
     sender = CudaIpcChannel(cuda=_FakeCuda(sender_log), reduce=_fake_reduce)
     data = torch.arange(6, dtype=torch.float32)
     meta, release = sender.post(data)
-    assert sender_log == ["event.record", "event.ipc_handle"]  # recorded before the metadata leaves
+    assert sender_log == ["event.ipc_handle", "event.record"]  # recorded before the metadata leaves
     receiver = CudaIpcChannel(cuda=_FakeCuda(receiver_log), reduce=_fake_reduce)
     out = torch.zeros(6, dtype=torch.float32)
     receiver.fetch(meta, out.view(torch.uint8), peer=0)
     receiver.fetch(meta, out.view(torch.uint8), peer=0)
     assert torch.equal(out, data)
-    # wait on the sender's event before copying, synchronise the copy before acking; one stream per peer
+    # wait on the sender's event before copying, synchronise the copy before acking; one stream per
+    # peer; the event is opened once
     assert receiver_log == ["event.from_ipc_handle b'handle-bytes'", "new stream", "stream.wait_stream",
                             "stream.wait_event", "event.record", "done.synchronize",
-                            "event.from_ipc_handle b'handle-bytes'", "stream.wait_stream", "stream.wait_event",
-                            "event.record", "done.synchronize"]  # fmt: skip
+                            "stream.wait_stream", "stream.wait_event", "event.record", "done.synchronize"]  # fmt: skip
+    # an event is reused only after the receiver acknowledged its last use
+    sender.post(data)
+    assert sender_log == ["event.ipc_handle", "event.record", "event.ipc_handle", "event.record"]
     release()  # the sender drops its references only now
+    sender.post(data)
+    assert sender_log[4:] == ["event.record"]
 
 
 def across_hosts(store, rank, world):

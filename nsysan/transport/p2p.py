@@ -94,6 +94,7 @@ class _Op:
         self.nbytes = 0
         # the bytes to send, or the receive buffer's: a byte ndarray (a CUDA tensor on the GPU path)
         self.data: Any = None
+        self.device_out: Any = None  # a CUDA receive buffer for host bytes: ``data`` stages them
         self.keep: Any = None  # what must stay alive until the peer is done with it
         self.release: Callable[[], None] | None = None
         self.head: dict[str, Any] = {}  # descriptor fields of a send not yet posted
@@ -148,7 +149,8 @@ class P2PTransport:
 
     def __init__(self, store: Any, rank: int, world_size: int, *, timeout: float = 60.0, namespace: str = "p2p",
                  chunk_bytes: int = 1 << 20, chunks: int = 8, slots: int = 32, slot_bytes: int = 8192,
-                 cma_bytes: int | None = None, cma_pages: str | None = None) -> None:  # fmt: skip
+                 cma_bytes: int | None = None, cma_pages: str | None = None,
+                 cuda_host_bytes: int = 64 << 10) -> None:  # fmt: skip
         """Collective: every rank creates its transport, in the same order (the n-th transport of
         each rank talks to the n-th of the others).
 
@@ -156,7 +158,10 @@ class P2PTransport:
         from the sender's memory where the peers allow it and (``cma_pages="huge"``, the default)
         the tensor lies in huge pages, where that read is fast; ``cma_pages="any"`` reads tensors on
         any pages. ``NSYSAN_P2P_CMA=0`` (or a negative ``cma_bytes``) keeps them all on the
-        shared-memory pool, ``NSYSAN_P2P_CMA=always`` means ``cma_pages="any"``."""
+        shared-memory pool, ``NSYSAN_P2P_CMA=always`` means ``cma_pages="any"``.
+
+        CUDA tensors up to ``cuda_host_bytes`` travel through host memory (a copy to the host and
+        one back cost less than a CUDA IPC pull); larger ones are pulled by the receiver."""
         if not futex.supported():
             raise TransportError(f"rank {rank}: no futex calls known for this CPU architecture")
         self.store, self.rank, self.world_size, self.timeout = store, rank, world_size, timeout
@@ -166,6 +171,7 @@ class P2PTransport:
         if cma_bytes is None:
             cma_bytes = chunk_bytes if mode != "0" else -1
         self.cma_bytes = cma_bytes
+        self.cuda_host_bytes = cuda_host_bytes
         self.cma_pages = cma_pages or ("any" if mode == "always" else "huge")
         if self.cma_pages not in ("huge", "any"):
             raise TransportError(f"rank {rank}: cma_pages must be 'huge' or 'any', not {self.cma_pages!r}")
@@ -394,6 +400,9 @@ class P2PTransport:
         if len(shape) > ring.MAX_DIMS:
             raise TransportError(f"{self._who}tensors of more than {ring.MAX_DIMS} dimensions are not supported")
         cuda = tensor.device.type == "cuda"
+        if cuda and nbytes <= self.cuda_host_bytes:  # waits for the tensor's stream, as a pull would
+            tensor = tensor.cpu()
+            src_bytes, cuda = _as_bytes(tensor), False
         segment = None if cuda or nbytes <= self._inline else self._segment_of(tensor)
         direct = (not cuda and segment is None and nbytes > max(self._inline, self.cma_bytes) and dst in self._cma_peers
                   and self._readable_fast(src_bytes))  # fmt: skip
@@ -685,6 +694,8 @@ class P2PTransport:
             self._fail(op, TransportError(f"{self._who}{op.what}: {problem}"))
             return
         kind = arrival.kind
+        if isinstance(op.data, torch.Tensor) and kind != ring.CUDA:  # host bytes for a GPU buffer: staged
+            op.device_out, op.data = op.data, np.empty(op.nbytes, np.uint8)
         if kind in (ring.INLINE, ring.EAGER):
             source = arrival.payload
             if source is None:
@@ -726,7 +737,8 @@ class P2PTransport:
         try:
             with _range(f"p2p recv {self.rank}<-{src} tag {op.tag}", op.nbytes):
                 if arrival.kind == ring.CUDA:
-                    self._cuda().fetch(json.loads(arrival.blob), op.data, src)
+                    out = op.data if isinstance(op.data, torch.Tensor) else torch.from_numpy(op.data)
+                    self._cuda().fetch(json.loads(arrival.blob), out, src)
                 elif arrival.kind == ring.CMA:
                     self._read_peer(src, op, arrival.a)
                 else:
@@ -743,10 +755,8 @@ class P2PTransport:
         tensor unchanged until our DONE; if it died, the bytes read are not trusted (its pid may even
         name another process by now): the receive fails with PeerDied."""
         watch = self._cma_watch[src]
-        data: Any = op.data
-        into = data if isinstance(data, np.ndarray) else np.empty(op.nbytes, np.uint8)  # e.g. a CUDA buffer
         try:
-            cma.read(self._pids[src], into.ctypes.data, address, op.nbytes)
+            cma.read(self._pids[src], op.data.ctypes.data, address, op.nbytes)
             error = None
         except OSError as exc:
             error = exc
@@ -756,8 +766,6 @@ class P2PTransport:
             raise self._died(src, op.what)
         if error is not None:
             raise TransportError(f"{self._who}{op.what}: reading rank {src}'s memory failed: {error}")
-        if into is not data:
-            data[:] = torch.from_numpy(into)
 
     def _flush(self, dst: int) -> bool:
         """Post ``dst``'s outgoing messages in the order they were sent (the order matching relies
@@ -818,14 +826,16 @@ class P2PTransport:
         self._pending.discard(op)
         if op.release is not None:
             op.release()
-        op.keep = op.data = None
+        if op.device_out is not None:
+            op.device_out.copy_(torch.from_numpy(op.data))
+        op.keep = op.data = op.device_out = None
         op.done.set()
 
     def _fail(self, op: _Op, error: BaseException) -> None:
         self._pending.discard(op)
         if self._sends.get(op.msg_id) is op:
             del self._sends[op.msg_id]
-        op.error, op.keep, op.data = error, None, None
+        op.error, op.keep, op.data, op.device_out = error, None, None, None
         op.done.set()
 
     def _died(self, peer: int, what: str) -> PeerDied:
@@ -921,6 +931,8 @@ class P2PTransport:
         with self._lock:
             self._readers.clear()
             self._writers.clear()
+            if self._cuda_channel is not None:
+                self._cuda_channel.close()
             maps = [self._inbox, *(s for s, _ in self._peer_inboxes.values()), *(s for s, _ in self._peer_pools.values()),
                     *(s for s, _ in self._mapped.values())]  # fmt: skip
             if self._pool is not None:
