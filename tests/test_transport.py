@@ -404,6 +404,10 @@ class _FakeCuda:
             def synchronize(self):
                 log_.append("done.synchronize")
 
+            def query(self):
+                log_.append("done.query")
+                return True
+
         class Stream:
             def __init__(self, device=None):
                 log_.append("new stream")
@@ -444,13 +448,13 @@ def test_cuda_ipc_channel_steps_in_order():
     assert sender_log == ["event.ipc_handle", "event.record"]  # recorded before the metadata leaves
     receiver = CudaIpcChannel(cuda=_FakeCuda(receiver_log), reduce=_fake_reduce)
     out = torch.zeros(6, dtype=torch.float32)
-    receiver.fetch(meta, out.view(torch.uint8), peer=0)
-    receiver.fetch(meta, out.view(torch.uint8), peer=0)
+    assert receiver.fetch(meta, out.view(torch.uint8), peer=0).finished()
+    receiver.fetch(meta, out.view(torch.uint8), peer=0).wait()
     assert torch.equal(out, data)
-    # wait on the sender's event before copying, synchronise the copy before acking; one stream per
-    # peer; the event is opened once
+    # wait on the sender's event before copying, record the copy's end (the transport acks once it
+    # fired); one stream per peer; the event is opened once
     assert receiver_log == ["event.from_ipc_handle b'handle-bytes'", "new stream", "stream.wait_stream",
-                            "stream.wait_event", "event.record", "done.synchronize",
+                            "stream.wait_event", "event.record", "done.query",
                             "stream.wait_stream", "stream.wait_event", "event.record", "done.synchronize"]  # fmt: skip
     # an event is reused only after the receiver acknowledged its last use
     sender.post(data)

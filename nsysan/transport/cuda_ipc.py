@@ -4,8 +4,8 @@ Sender: record an interprocess event on the tensor's current stream (the data is
 fires), export the tensor with ``torch.multiprocessing``'s CUDA sharing (caching-allocator block,
 offset, reference counting) and the event's IPC handle; keep both alive until the receiver's ack.
 Receiver: rebuild the tensor, make a per-peer copy stream wait on the sender's event, copy (copy
-engines, not SMs), and synchronise that copy before acknowledging, so the sender may then reuse its
-buffer. The event is only waited on after its metadata arrived, so it has been recorded (waiting
+engines, not SMs), and acknowledge once that copy finished (the transport polls its event, so the
+copies of successive messages overlap), so the sender may then reuse its buffer. The event is only waited on after its metadata arrived, so it has been recorded (waiting
 on an unrecorded IPC event returns at once).
 
 Opening an IPC memory or event handle costs far more than a copy of a few MiB, so both sides keep
@@ -35,6 +35,21 @@ def _encode(value: Any) -> str:
 
 def _decode(text: str) -> Any:
     return pickle.loads(base64.b64decode(text))
+
+
+class PendingCopy:
+    """A pull issued on a copy stream; the source stays referenced until the copy finished."""
+
+    __slots__ = ("event", "source")
+
+    def __init__(self, event: Any, source: Any) -> None:
+        self.event, self.source = event, source
+
+    def finished(self) -> bool:
+        return bool(self.event.query())
+
+    def wait(self) -> None:
+        self.event.synchronize()
 
 
 class CudaIpcChannel:
@@ -73,9 +88,9 @@ class CudaIpcChannel:
 
         return {"ipc": _encode(rebuild), "event": handle}, release
 
-    def fetch(self, meta: dict[str, Any], out_bytes: Any, peer: int) -> None:
-        """Copy the sender's bytes into ``out_bytes`` (a uint8 view of the receive buffer, on a GPU
-        or in host memory: a CPU receive of a CUDA send copies device to host)."""
+    def fetch(self, meta: dict[str, Any], out_bytes: Any, peer: int) -> PendingCopy:
+        """Start copying the sender's bytes into ``out_bytes`` (a uint8 view of the receive buffer,
+        on a GPU or in host memory: a CPU receive of a CUDA send copies device to host)."""
         rebuild, args = _decode(meta["ipc"])
         source = rebuild(*args)
         self._keep_mapped(peer, source)
@@ -91,7 +106,7 @@ class CudaIpcChannel:
             out_bytes.copy_(source.view(-1).view(out_bytes.dtype)[: out_bytes.numel()], non_blocking=True)
             done = self.cuda.Event()
             done.record(stream)
-        done.synchronize()
+        return PendingCopy(done, source)
 
     def close(self) -> None:
         """Let go of every peer's storage and event (the senders may then free them)."""

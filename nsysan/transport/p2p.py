@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from nsysan.transport import cma, futex, ring
-from nsysan.transport.cuda_ipc import CudaIpcChannel
+from nsysan.transport.cuda_ipc import CudaIpcChannel, PendingCopy
 from nsysan.transport.errors import (
     PeerDied,
     SharedMemoryFull,
@@ -197,6 +197,7 @@ class P2PTransport:
         )
         self._active: dict[tuple[int, int], _Op] = {}  # (src, msg id) -> receive taking chunks
         self._ready: list[tuple[int, _Op, _Arrival]] = []  # matched segment/CUDA messages to copy
+        self._copies: list[tuple[int, _Op, int, PendingCopy]] = []  # CUDA pulls in flight: DONE when finished
         self._backlog: dict[int, collections.deque[tuple[int, dict[str, Any]]]] = collections.defaultdict(
             collections.deque
         )
@@ -498,6 +499,8 @@ class P2PTransport:
                 if progressed or op.done.is_set():
                     idle_since = None
                     continue
+                if self._idle_on_copy():
+                    continue
                 if idle_since is None:
                     idle_since = now
                 elif now - idle_since >= self._spin_s:
@@ -512,7 +515,8 @@ class P2PTransport:
     def _background_needed(self) -> bool:
         """Whether anything could need progress with no user thread waiting (else the background
         thread may stay parked until the next call: one wake-up less per message)."""
-        return bool(self._pending or self._streams or self._ready or self._freed or any(self._outbox.values())
+        return bool(self._pending or self._streams or self._ready or self._copies or self._freed
+                    or any(self._outbox.values())
                     or any(self._backlog.values()))  # fmt: skip
 
     def _unpark(self) -> None:
@@ -538,7 +542,7 @@ class P2PTransport:
                     progressed = False
                 finally:
                     self._lock.release()
-                if progressed:
+                if progressed or self._idle_on_copy():
                     continue
             busy = self._pending or any(self._backlog.values())
             futex.wait(self._bell_addr, bell, 0.002 if busy else 0.05)
@@ -573,6 +577,8 @@ class P2PTransport:
             src, op, arrival = self._ready.pop()
             self._copy_direct(src, op, arrival)
             progressed = True
+        if self._copies:
+            progressed |= self._finish_copies()
         while self._freed:
             path = self._freed.popleft()
             for peer in self._pinned_peers.pop(path, ()):
@@ -736,9 +742,12 @@ class P2PTransport:
             return
         try:
             with _range(f"p2p recv {self.rank}<-{src} tag {op.tag}", op.nbytes):
-                if arrival.kind == ring.CUDA:
+                if arrival.kind == ring.CUDA:  # DONE once the copy finished (_finish_copies)
                     out = op.data if isinstance(op.data, torch.Tensor) else torch.from_numpy(op.data)
-                    self._cuda().fetch(json.loads(arrival.blob), out, src)
+                    self._copies.append(
+                        (src, op, arrival.msg_id, self._cuda().fetch(json.loads(arrival.blob), out, src))
+                    )
+                    return
                 elif arrival.kind == ring.CMA:
                     self._read_peer(src, op, arrival.a)
                 else:
@@ -749,6 +758,30 @@ class P2PTransport:
             return
         self._post(src, ring.DONE, msg_id=arrival.msg_id)
         self._complete(op)
+
+    def _finish_copies(self) -> bool:
+        """Acknowledge the CUDA pulls whose copies finished; True if any did."""
+        finished: list[tuple[int, _Op, int, PendingCopy]] = []
+        still: list[tuple[int, _Op, int, PendingCopy]] = []
+        for c in self._copies:
+            (finished if c[3].finished() else still).append(c)
+        if not finished:
+            return False
+        self._copies = still
+        for src, op, msg_id, _ in finished:
+            self._post(src, ring.DONE, msg_id=msg_id)  # the sender may reuse its tensor
+            if not op.done.is_set():
+                self._complete(op)
+        return True
+
+    def _idle_on_copy(self) -> bool:
+        """Nothing else to do: block on the oldest CUDA pull in flight (it finishes sooner than a
+        doorbell sleep would notice). False when there is none."""
+        copies = self._copies
+        if not copies:
+            return False
+        copies[0][3].wait()
+        return True
 
     def _read_peer(self, src: int, op: _Op, address: int) -> None:
         """Read a CMA message from ``src``'s memory into the receive buffer. The sender keeps the
@@ -931,6 +964,9 @@ class P2PTransport:
         with self._lock:
             self._readers.clear()
             self._writers.clear()
+            for *_, copy in self._copies:
+                copy.wait()  # the copy engines still write into receive buffers
+            self._copies.clear()
             if self._cuda_channel is not None:
                 self._cuda_channel.close()
             maps = [self._inbox, *(s for s, _ in self._peer_inboxes.values()), *(s for s, _ in self._peer_pools.values()),
