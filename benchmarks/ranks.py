@@ -308,15 +308,26 @@ def synth(ranks: int, ops_per_rank: int, payloads: bool) -> tuple[dict[str, pd.D
 
 
 _CHILD = """
-import json, resource, sys, time
+import gc, json, resource, sys, time
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/benchmarks")
 from ranks import synth
 from nsysan.detect import nccl_ordering_stall as d
 ranks, ops, payloads, profile = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5] == "1"
+
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+
 t0 = time.perf_counter()
 tables, job = synth(ranks, ops, payloads)
-t1 = time.perf_counter()
+gc.collect()
 in_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+tables_bytes = sum(int(t.memory_usage(deep=True).sum()) for t in tables.values())
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets the peak RSS (VmHWM): the reduce's own peak, not the synthesis's
+rss_before = status("VmRSS")
+t1 = time.perf_counter()
 if profile:
     import cProfile, pstats
     prof = cProfile.Profile()
@@ -328,8 +339,8 @@ else:
     found = d.reduce(tables, job, d.Params())
 t2 = time.perf_counter()
 print(json.dumps({"synth_s": t1 - t0, "reduce_s": t2 - t1, "ops": len(tables["ops"]), "findings": len(found),
-                  "skipped": bool(job.notes),
-                  "input_rss": in_rss, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "skipped": bool(job.notes), "input_rss": in_rss, "tables": tables_bytes,
+                  "rss_before": rss_before, "rss": status("VmHWM")}))
 """
 
 
@@ -364,7 +375,6 @@ def reduce_point(ranks: int, ops: int, payloads: bool, timeout_s: float, max_rss
         return {"failed": why or f"exit {proc.returncode}: {err.strip().splitlines()[-1:]}", "peak_rss": peak,
                 "wall_s": time.perf_counter() - t0}  # fmt: skip
     res = json.loads(out.strip().splitlines()[-1])
-    res["rss"] = max(res["rss"], peak)
     if profile:
         res["profile"] = err
     return res
@@ -376,8 +386,9 @@ def _print_point(variant: str, ranks: int, ops: int, res: dict) -> None:
               f"{res['peak_rss'] / 2**20:.0f} MiB, stopped after {res['wall_s']:.0f} s)", flush=True)  # fmt: skip
     else:
         print(f"  {variant:15s} {ranks:5d} ranks x {ops:6,} ops ({res['ops']:>10,} in all): reduce "
-              f"{res['reduce_s']:7.2f} s  peak RSS {res['rss'] / 2**20:6.0f} MiB (peak while synthesising the tables "
-              f"{res['input_rss'] / 2**20:.0f} MiB)  findings {res['findings']}"
+              f"{res['reduce_s']:7.2f} s  peak RSS during it {res['rss'] / 2**20:6.0f} MiB (before it "
+              f"{res['rss_before'] / 2**20:.0f} MiB, of which the compact tables {res['tables'] / 2**20:.0f} MiB; "
+              f"peak while synthesising them {res['input_rss'] / 2**20:.0f} MiB)  findings {res['findings']}"
               + ("  (position matching over its limit: skipped, said in the report)" if res.get("skipped") else ""),
               flush=True)  # fmt: skip
 

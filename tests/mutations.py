@@ -46,7 +46,7 @@ MUTANTS: tuple[Mutant, ...] = (
            'impact = ops["a_start"].to_numpy() - free_at',
            'impact = (ops["a_start"].to_numpy() - free_at) * 1.2', ORDERING),
     Mutant("ordering: cascade links reported as new stalls", "nsysan/detect/nccl_ordering_stall.py",
-           "heads = np.flatnonzero(hit & (parent < 0))", "heads = np.flatnonzero(hit)", ORDERING),
+           'heads = st.index[st["parent"] < 0].to_numpy()', "heads = st.index.to_numpy()", ORDERING),
     Mutant("ordering: any kernel ending at the same time is a participant", "nsysan/detect/nccl_participants.py",
            'links = links[(links["agree"] >= links["common"]) & (links["common"] >= need)].reset_index()',
            'links = links[links["agree"] >= 1].reset_index()', ORDERING),

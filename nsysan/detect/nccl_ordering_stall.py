@@ -42,6 +42,7 @@ from nsysan.detect.readiness import device_ready
 from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Finding, Severity
 from nsysan.ingest.nccl import (
+    COMMUNICATOR_COLUMNS,
     EDGE_COLUMNS,
     NCCL_COLUMNS,
     is_communication,
@@ -202,7 +203,7 @@ def _participants(ops: pd.DataFrame, p: Params, notes: list[str]) -> Participant
     group = pd.Series(-1, index=ops.index, dtype="int64")
     parts, methods = [pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")], []
     if with_comm.any():
-        by_comm, edges = participants_by_communicator(ops[with_comm])
+        by_comm, edges = participants_by_communicator(ops.loc[with_comm, list(COMMUNICATOR_COLUMNS)])
         group.loc[by_comm.index] = by_comm.to_numpy()
         parts.append(edges)
         methods.append("NCCL communicator payloads")
@@ -215,22 +216,26 @@ def _participants(ops: pd.DataFrame, p: Params, notes: list[str]) -> Participant
 
 def _latest_peer(ops: pd.DataFrame, parts: Participants) -> pd.DataFrame:
     """Per op: its participant that started last (op index, start, rank); among equal starts, the
-    one of the highest op index."""
+    one of the highest op index. Sorts plain arrays (10M ops at 1,024 ranks)."""
     start = ops["a_start"].to_numpy()
-    edges = parts.edges
-    e = edges.assign(j_start=start[edges["j"].to_numpy()])
-    e = e.sort_values(["i", "j_start", "j"], kind="stable")
-    last = e.groupby("i").tail(1).set_index("i")
-    late = last["j"].reindex(ops.index).fillna(-1).astype("int64").to_numpy().copy()
+    late = np.full(len(ops), -1, dtype="int64")
+    i, j = parts.edges["i"].to_numpy(dtype="int64"), parts.edges["j"].to_numpy(dtype="int64")
+    if len(i):
+        order = np.lexsort((j, start[j], i))  # by i, then the partner's start, then the partner
+        last = np.r_[i[order][1:] != i[order][:-1], True]  # each i's latest partner ends its run
+        late[i[order][last]] = j[order][last]
     # a collective's latest other member: its group's last member, or the one before when that is itself
-    members = pd.DataFrame({"group": parts.group.to_numpy(), "start": start, "op": np.arange(len(ops))})
-    members = members[members["group"] >= 0].sort_values(["group", "start", "op"], kind="stable")
-    if len(members):
-        last = members.drop_duplicates("group", keep="last")
-        second = members.drop(last.index).drop_duplicates("group", keep="last")
-        top = last.set_index("group")["op"].reindex(members["group"]).to_numpy()
-        runner_up = second.set_index("group")["op"].reindex(members["group"]).fillna(-1).astype("int64").to_numpy()
-        op = members["op"].to_numpy()
+    group = parts.group.to_numpy()
+    op = np.flatnonzero(group >= 0)
+    if len(op):
+        op = op[np.lexsort((op, start[op], group[op]))]  # by group, start, op
+        g = group[op]
+        last_of = np.r_[g[1:] != g[:-1], True]
+        ends = np.flatnonzero(last_of)  # position of each group's last member
+        top_at = np.repeat(ends, np.diff(np.r_[-1, ends]))  # every member's group's last position
+        runner_up_at = top_at - 1
+        has_runner_up = (runner_up_at >= 0) & (g[np.maximum(runner_up_at, 0)] == g)
+        top, runner_up = op[top_at], np.where(has_runner_up, op[np.maximum(runner_up_at, 0)], -1)
         late[op] = np.where(top == op, runner_up, top)
     out = pd.DataFrame(index=ops.index)
     out["late_op"] = late
@@ -241,25 +246,31 @@ def _latest_peer(ops: pd.DataFrame, parts: Participants) -> pd.DataFrame:
 
 def _predecessor(ops: pd.DataFrame) -> pd.Series:
     """Per op, the index of the op it was queued behind: the previous op of its stream, or of its
-    communicator when that ended later (-1: none)."""
-    prev = pd.Series(-1, index=ops.index, dtype="int64")
-    idx = pd.Series(ops.index, index=ops.index)
+    communicator when that ended later (-1: none). Sorts plain arrays (10M ops at 1,024 ranks)."""
+    prev = np.full(len(ops), -1, dtype="int64")
+    end = ops["end_ns"].to_numpy()
     for keys in (["export", "pid", "device", "stream"], ["export", "pid", "comm_id"]):
-        known = ops.dropna(subset=keys[-1:])
-        if known.empty:
+        rows = np.flatnonzero(ops[keys].notna().all(axis=1).to_numpy())
+        if not len(rows):
             continue
-        order = known.sort_values([*keys, "start_ns"], kind="stable")
-        before = idx.loc[order.index].groupby([order[k] for k in keys], sort=False).shift(1).dropna().astype("int64")
-        better = ops["end_ns"].to_numpy()[before.to_numpy()] > np.where(
-            prev.loc[before.index] >= 0, ops["end_ns"].to_numpy()[prev.loc[before.index].clip(lower=0)], -np.inf
-        )
-        prev.loc[before.index[better]] = before[better].to_numpy()
-    return prev
+        cols = [ops[k].to_numpy(dtype="int64", na_value=-1)[rows] for k in keys]
+        order = np.lexsort((ops["start_ns"].to_numpy()[rows], *reversed(cols)))  # stable: ties keep op order
+        same = np.ones(len(order) - 1, dtype=bool)
+        for c in cols:
+            c = c[order]
+            same &= c[1:] == c[:-1]
+        at = rows[order]
+        cur, before = at[1:][same], at[:-1][same]
+        earlier = prev[cur]
+        better = end[before] > np.where(earlier >= 0, end[np.maximum(earlier, 0)], -np.inf)
+        prev[cur[better]] = before[better]
+    return pd.Series(prev, index=ops.index)
 
 
 def stalls(ops: pd.DataFrame, parts: Participants, p: Params) -> pd.DataFrame:
-    """Per op (as B): its predecessor A, what A waited for, B's lost time, and whether B is a stall,
-    the first of its episode (``parent`` -1) or a link of another stall's episode (``parent``, ``root``)."""
+    """The stalls, indexed by op position (as B): its predecessor A, what A waited for, B's lost time,
+    and whether B is the first of its episode (``parent`` -1) or a link of another stall's episode
+    (``parent``, ``root``). Only the stalls are kept: the per-op arrays are 10M long at 1,024 ranks."""
     peer = _latest_peer(ops, parts)
     a = _predecessor(ops).to_numpy()
     has_a = a >= 0
@@ -281,9 +292,10 @@ def stalls(ops: pd.DataFrame, parts: Participants, p: Params) -> pd.DataFrame:
         if not (up >= 0).any():
             break
         root = np.where(up >= 0, up, root)
-    return pd.DataFrame({"a": np.where(has_a, a, -1), "a_wait": a_wait, "late_rank_of_a": peer["late_rank"].to_numpy()[ai],
-                         "free_at": free_at, "impact": impact, "hit": hit, "parent": parent, "root": root},
-                        index=ops.index)  # fmt: skip
+    rows = np.flatnonzero(hit)
+    return pd.DataFrame({"a": a[rows], "a_wait": a_wait[rows], "late_rank_of_a": peer["late_rank"].to_numpy()[ai[rows]],
+                         "free_at": free_at[rows], "impact": impact[rows], "parent": parent[rows], "root": root[rows]},
+                        index=rows)  # fmt: skip
 
 
 def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tuple[Finding, int]]:
@@ -294,25 +306,21 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
     parts = _participants(ops, p, job.notes)
     method = parts.method
     st = stalls(ops, parts, p)
-    hit, parent, root = st["hit"].to_numpy(), st["parent"].to_numpy(), st["root"].to_numpy()
-    impact, free_at, a_wait = st["impact"].to_numpy(), st["free_at"].to_numpy(), st["a_wait"].to_numpy()
-    ai = np.maximum(st["a"].to_numpy(), 0)
-
-    heads = np.flatnonzero(hit & (parent < 0))
-    links = pd.DataFrame({"op": np.flatnonzero(hit & (parent >= 0))})
-    links["root"] = root[links["op"].to_numpy()]
-    chain_of = {as_int(r): [int(c) for c in g["op"]] for r, g in links.groupby("root")}  # one entry per episode
+    heads = st.index[st["parent"] < 0].to_numpy()
+    links = st[st["parent"] >= 0]
+    chain_of = {as_int(r): [int(c) for c in g.index] for r, g in links.groupby("root")}  # one entry per episode
     graded = []
     participants_of = parts.ranks_of(ops, heads)
     for i in heads:  # one iteration per reported episode
-        b, prev = ops.iloc[i], ops.iloc[ai[i]]
-        late = as_int(st["late_rank_of_a"].iat[int(i)])
-        lost = int(impact[i])
+        stall = st.loc[i]
+        b, prev = ops.iloc[i], ops.iloc[int(stall["a"])]
+        late = as_int(stall["late_rank_of_a"])
+        lost = int(stall["impact"])
         off = as_int(b["offset"])
         participants = participants_of[int(i)]
         cascade = [{"rank": as_int(ops["rank"].iat[c]), "kernel": str(ops["short_name"].iat[c]),
                     "correlation_id": as_optional_int(ops["correlation_id"].iat[c]),
-                    "start_ns": as_int(ops["start_ns"].iat[c]), "lost_ns": int(impact[c])}
+                    "start_ns": as_int(ops["start_ns"].iat[c]), "lost_ns": as_int(st["impact"].at[c])}
                    for c in chain_of.get(int(i), [])]  # fmt: skip
         readiness = {"device": "device: the event its stream waited on",
                      "launch": "launch call return (no event wait gated this op)",
@@ -334,7 +342,7 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
                 "without a total order for point-to-point (nsysan's P2P transport); and find out why rank "
                 f"{late} arrived late."
             ),
-            start_ns=int(free_at[i]) - off,
+            start_ns=int(stall["free_at"]) - off,
             end_ns=int(b["start_ns"]),
             impact_ns=lost,
             rank=int(b["rank"]),
@@ -356,7 +364,7 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
                     "correlation_id": as_optional_int(prev["correlation_id"]),
                     "start_ns": int(prev["start_ns"]),
                     "end_ns": int(prev["end_ns"]),
-                    "waited_for_peer_ns": int(a_wait[i]),
+                    "waited_for_peer_ns": int(stall["a_wait"]),
                 },
                 "late_rank": late,
                 "participants_from": method,
