@@ -34,6 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from p2p import _size  # run as a script: benchmarks/ is on the path
+
 KIB, MIB = 1024, 1 << 20
 SIZES = [256 * KIB, MIB, 16 * MIB, 64 * MIB, 256 * MIB]
 LATENCY_SIZES = [4, 4 * KIB, 64 * KIB, 256 * KIB, MIB]
@@ -180,10 +182,6 @@ def _worker(rank: int, port: int, sizes: list[int], repeat: int, queue: mp.Queue
         dist.destroy_process_group()
     if rank == 1:
         queue.put((gpus, checked, torch.cuda.get_device_name(device), results))
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes} B" if nbytes < KIB else f"{nbytes // KIB} KiB" if nbytes < MIB else f"{nbytes // MIB} MiB"
 
 
 def main() -> None:

@@ -222,8 +222,9 @@ def _latest_peer(ops: pd.DataFrame, parts: Participants) -> pd.DataFrame:
     i, j = parts.edges["i"].to_numpy(dtype="int64"), parts.edges["j"].to_numpy(dtype="int64")
     if len(i):
         order = np.lexsort((j, start[j], i))  # by i, then the partner's start, then the partner
-        last = np.r_[i[order][1:] != i[order][:-1], True]  # each i's latest partner ends its run
-        late[i[order][last]] = j[order][last]
+        i, j = i[order], j[order]
+        last = np.r_[i[1:] != i[:-1], True]  # each i's latest partner ends its run
+        late[i[last]] = j[last]
     # a collective's latest other member: its group's last member, or the one before when that is itself
     group = parts.group.to_numpy()
     op = np.flatnonzero(group >= 0)

@@ -229,8 +229,9 @@ def _pair_point_to_point(pts: pd.DataFrame) -> pd.DataFrame:
             sorted_keys = mine[order]
             if not (sorted_keys[1:] == sorted_keys[:-1]).any():
                 wanted = np.argsort(theirs, kind="stable")  # sorted needles: the search walks memory in order
-                at = np.minimum(np.searchsorted(sorted_keys, theirs[wanted]), len(order) - 1)
-                hit = sorted_keys[at] == theirs[wanted]
+                needles = theirs[wanted]
+                at = np.minimum(np.searchsorted(sorted_keys, needles), len(order) - 1)
+                hit = sorted_keys[at] == needles
                 index = pts["index"].to_numpy(dtype="int64")
                 return pd.DataFrame({"i": index[wanted[hit]], "j": index[order[at[hit]]]})
     pe = pts.merge(pts, left_on=["comm_id", "me", "peer", "seq"], right_on=["comm_id", "peer", "me", "seq"],
