@@ -13,8 +13,9 @@ payloads, each file's session start shifted so the job clock aligns them), then 
 for its peak RSS. Targets: cluster wall <= 1.2 x (serial wall / N); no process above 1.5 GiB; the
 two reports byte-identical.
 
-Part 2 synthesises the ordering detector's compact tables (what each export's map sends) in memory
-and times ``nccl_ordering_stall.reduce`` alone in a child process per (ranks, variant): (a) with
+Part 2 synthesises the ordering detector's compact tables in memory, one per export in the types
+each export's map sends, and times the coordinator's reduce of them (``reduce_detectors``: joining
+the tables, then ``nccl_ordering_stall.reduce``) in a child process per (ranks, variant): (a) with
 NCCL communicator payloads (one data-parallel all-reduce communicator over all ranks plus one
 communicator per neighbour pair for P2P send/recv), (b) without payloads (participants by program
 position, NVTX iteration numbers). A child is stopped at 240 s or 8 GiB RSS. Target: 1,024 ranks x
@@ -276,7 +277,7 @@ def synth(ranks: int, ops_per_rank: int, payloads: bool) -> tuple[dict[str, pd.D
         "stream": np.full(n, 13, dtype=np.int64), "correlation_id": (i * per_iter + s + 1).astype(np.int64),
         "start_ns": start - off, "end_ns": end - off,
         "short_name": cat(np.where(p2p, "ncclDevKernel_SendRecv", "ncclDevKernel_AllReduce_Sum_f32_RING_LL")),
-        "rank": r.astype(np.int64), "p2p": p2p, "launch_ns": launched - 15_000 - off,
+        "rank": r.astype(np.int64), "p2p": p2p,
         "iteration": i.astype(np.int64), "ready_local": (launched - off).astype(np.float64),
         "ready_from": cat(np.full(n, "launch_only")),
     })  # fmt: skip
@@ -307,11 +308,27 @@ def synth(ranks: int, ops_per_rank: int, payloads: bool) -> tuple[dict[str, pd.D
     return {"ops": ops, "members": members}, JobFacts(runs=[run_ns] * ranks, clock=shift.tolist())
 
 
+def export_parts(tables: dict[str, pd.DataFrame], job: object) -> list:
+    """The compact tables split into one :class:`DetectorParts` per export, each its own copy in the
+    map's types, as the coordinator receives them from the maps."""
+    from nsysan.detect import DetectorParts
+    from nsysan.detect import nccl_ordering_stall as d
+
+    ops, members = d.compact(tables["ops"]), tables["members"]
+    bounds = np.searchsorted(ops["export"].to_numpy(), np.arange(len(job.runs) + 1))  # synth orders by export
+    parts = []
+    for x, run_ns in enumerate(job.runs):
+        mine = {"ops": ops.iloc[bounds[x] : bounds[x + 1]], "members": members[members["export"] == x]}
+        own = {name: frame.drop(columns="export").reset_index(drop=True).copy() for name, frame in mine.items()}
+        parts.append(DetectorParts(run_ns=run_ns, tables={d.KIND: own}).with_export(x))
+    return parts
+
+
 _CHILD = """
-import gc, json, resource, sys, time
+import ctypes, gc, json, resource, sys, time
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/benchmarks")
-from ranks import synth
-from nsysan.detect import nccl_ordering_stall as d
+from ranks import export_parts, synth
+from nsysan.detect import reduce_detectors
 ranks, ops, payloads, profile = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5] == "1"
 
 def status(field):
@@ -321,25 +338,30 @@ def status(field):
 
 t0 = time.perf_counter()
 tables, job = synth(ranks, ops, payloads)
+n_ops = len(tables["ops"])
+parts = export_parts(tables, job)
+del tables
 gc.collect()
+ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand the synthesis's freed heap back: measure the reduce, not it
 in_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-tables_bytes = sum(int(t.memory_usage(deep=True).sum()) for t in tables.values())
+tables_bytes = sum(int(t.memory_usage(deep=True).sum()) for p in parts for ts in p.tables.values() for t in ts.values())
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # resets the peak RSS (VmHWM): the reduce's own peak, not the synthesis's
 rss_before = status("VmRSS")
+notes = []
 t1 = time.perf_counter()
 if profile:
     import cProfile, pstats
     prof = cProfile.Profile()
-    found = prof.runcall(d.reduce, tables, job, d.Params())
+    found = prof.runcall(reduce_detectors, parts, job.clock, None, notes)
     st = pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative")
     print("top 5 functions by cumulative time:", file=sys.stderr); st.print_stats(5)
     print("top nsysan functions by cumulative time:", file=sys.stderr); st.print_stats("nsysan/", 10)
 else:
-    found = d.reduce(tables, job, d.Params())
+    found = reduce_detectors(parts, job.clock, None, notes)
 t2 = time.perf_counter()
-print(json.dumps({"synth_s": t1 - t0, "reduce_s": t2 - t1, "ops": len(tables["ops"]), "findings": len(found),
-                  "skipped": bool(job.notes), "input_rss": in_rss, "tables": tables_bytes,
+print(json.dumps({"synth_s": t1 - t0, "reduce_s": t2 - t1, "ops": n_ops, "findings": len(found),
+                  "skipped": bool(notes), "input_rss": in_rss, "tables": tables_bytes,
                   "rss_before": rss_before, "rss": status("VmHWM")}))
 """
 
@@ -401,7 +423,7 @@ def part2(args: argparse.Namespace) -> dict[str, object]:
     full = args.ops_per_rank
     levels = list(dict.fromkeys([full, max(30, full // 10), max(30, full // 100)]))
     limits = (args.timeout_s, int(args.max_rss_gib * GIB))
-    print(f"\n== part 2: nccl_ordering_stall.reduce alone, {full:,} ops per rank (stop at {args.timeout_s:.0f} s / "
+    print(f"\n== part 2: the reduce alone (reduce_detectors), {full:,} ops per rank (stop at {args.timeout_s:.0f} s / "
           f"{args.max_rss_gib:.0f} GiB; on failure again with {', '.join(f'{n:,}' for n in levels[1:])})",
           flush=True)  # fmt: skip
     variants = [("a: payloads", True), ("b: no payloads", False)]

@@ -37,14 +37,14 @@ SLOWDOWN = ("tests/test_slowdown_truth.py",)
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("ordering: B's own peers never checked", "nsysan/detect/nccl_ordering_stall.py",
-           'free_at = np.fmax(ops["ready"].to_numpy(), b_peers_ready)',
-           'free_at = ops["ready"].to_numpy() + 0 * b_peers_ready', ORDERING),
+           "free_at = np.fmax(ready[b], b_peers_ready)",
+           "free_at = ready[b] + 0 * b_peers_ready", ORDERING),
     Mutant("ordering: readiness from the launch call's return", "nsysan/detect/nccl_ordering_stall.py",
            'ops["ready_local"] = np.fmax(ops["launched_ns"].astype("float64"), device.astype("float64"))',
            'ops["ready_local"] = ops["launched_ns"].astype("float64")', ORDERING),
     Mutant("ordering: impact x1.2", "nsysan/detect/nccl_ordering_stall.py",
-           'impact = ops["a_start"].to_numpy() - free_at',
-           'impact = (ops["a_start"].to_numpy() - free_at) * 1.2', ORDERING),
+           "impact = a_start[b] - free_at",
+           "impact = (a_start[b] - free_at) * 1.2", ORDERING),
     Mutant("ordering: cascade links reported as new stalls", "nsysan/detect/nccl_ordering_stall.py",
            'heads = st.index[st["parent"] < 0].to_numpy()', "heads = st.index.to_numpy()", ORDERING),
     Mutant("ordering: any kernel ending at the same time is a participant", "nsysan/detect/nccl_participants.py",

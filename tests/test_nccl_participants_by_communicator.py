@@ -66,3 +66,44 @@ def test_collectives_group_by_sequence_and_sends_pair_across_ranks():
     assert group.loc[100] == group.loc[101] != group.loc[102] == group.loc[103]  # n-th with n-th
     assert group.loc[104] == group.loc[105] == -1
     assert set(zip(edges["i"], edges["j"], strict=True)) == {(104, 105), (105, 104)}
+
+
+def _by_definition(ops: pd.DataFrame) -> tuple[pd.Series, set[tuple[int, int]]]:
+    """The groups and edges as pandas states them: in start order, the n-th collective of a
+    (rank, communicator) and the n-th send of a (rank, communicator, peer)."""
+    group = pd.Series(-1, index=ops.index, dtype="int64")
+    known = ops.dropna(subset=["comm_id"]).sort_values("a_start", kind="stable")
+    coll = known[known["peer"].isna()]
+    seq = coll.groupby(["rank", "comm_id"]).cumcount()
+    group.loc[coll.index] = coll.assign(seq=seq).groupby(["comm_id", "seq"], sort=False).ngroup().to_numpy()
+    pts = known[known["peer"].notna()].copy()
+    pts["me"] = pts["comm_rank"]
+    pts["seq"] = pts.groupby(["rank", "comm_id", "peer"]).cumcount()
+    return group, _by_merge(pts.reset_index()[["index", "comm_id", "me", "peer", "seq"]])
+
+
+@pytest.mark.parametrize("unknown_ranks", [0.0, 0.02])  # 0: the packed search; else the merge decides
+@pytest.mark.parametrize("seed", range(3))
+def test_array_implementation_gives_the_pandas_definition(seed, unknown_ranks):
+    """Random jobs: tied starts, ops without a communicator, unknown communicator ranks, ids that
+    are not positions, 64-bit communicator hashes."""
+    rng = np.random.default_rng(seed)
+    n = 4_000
+    rank = rng.integers(0, 8, n)
+    comm = rng.choice(np.array([2**64 - 5, 12345, 2**63 + 1], dtype=np.uint64), n)
+    p2p = rng.random(n) < 0.5
+    ops = pd.DataFrame({
+        "comm_id": pd.array(comm, dtype="UInt64"),
+        "comm_rank": pd.array(rank, dtype="Int64"),
+        "peer": pd.array(np.where(p2p, (rank + rng.integers(1, 8, n)) % 8, 0), dtype="Int64"),
+        "rank": rank,
+        "a_start": rng.integers(0, 500, n),  # many ties
+    }, index=rng.permutation(np.arange(50_000, 50_000 + n)))  # fmt: skip
+    ops.loc[~p2p, "peer"] = pd.NA
+    ops.loc[rng.random(n) < 0.05, "comm_id"] = pd.NA
+    ops.loc[rng.random(n) < unknown_ranks, "comm_rank"] = pd.NA
+    group, edges = participants_by_communicator(ops)
+    want_group, want_edges = _by_definition(ops)
+    pd.testing.assert_series_equal(group, want_group)
+    assert set(zip(edges["i"].astype(int), edges["j"].astype(int), strict=True)) == want_edges
+    assert len(want_edges) > 100

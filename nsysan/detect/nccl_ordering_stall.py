@@ -50,12 +50,17 @@ from nsysan.ingest.nccl import (
     participants_by_communicator,
 )
 from nsysan.ingest.trace import Trace
+from nsysan.memory import release_freed_memory
 
 KIND = "nccl_ordering_stall"
 _COLUMNS = ("pid", "device", "stream", "correlation_id", "start_ns", "end_ns", "short_name")
 _MAX_CASCADE = 32
+_CHUNK = 1 << 20  # ops per block where a pass over every op needs several temporary arrays
 # what the map reads but the reduce does not need: left out of the compact table sent to it
-_MAP_ONLY = ("launched_ns", "tid")
+_MAP_ONLY = ("launch_ns", "launched_ns", "tid")
+# integer columns of the compact table stored in the smallest type that holds their values: the
+# coordinator holds every op of the job (10M at 1,024 ranks), at about 60 bytes each
+_SMALL_INTEGERS = ("pid", "device", "stream", "correlation_id", "rank", "iteration", "comm_rank", "peer")
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,12 @@ def _ops(trace: Trace, with_communicator: pd.DataFrame) -> pd.DataFrame:
     ops["ready_local"] = np.fmax(ops["launched_ns"].astype("float64"), device.astype("float64"))
     ops["ready_from"] = np.where(device.notna(), "device", np.where(ready["events_known"], "launch", "launch_only"))
     ops = ops.join(_communicators(ops, with_communicator)).drop(columns=[*_MAP_ONLY, *NCCL_COLUMNS])
-    return ops.astype({"ready_from": "category"})
+    return compact(ops.astype({"ready_from": "category"}))
+
+
+def compact(ops: pd.DataFrame) -> pd.DataFrame:
+    """``ops`` with its small integer columns in the smallest type that holds their values."""
+    return ops.assign(**{c: pd.to_numeric(ops[c], downcast="integer") for c in _SMALL_INTEGERS if c in ops})
 
 
 def _calls_with_communicator(trace: Trace) -> pd.DataFrame:
@@ -139,19 +149,32 @@ def _on_job(ops: pd.DataFrame, members: pd.DataFrame, job: JobFacts) -> pd.DataF
     """The compact tables of every export as one frame on the job clock, with each op's rank in its
     communicator (from the call, else its position among the members by global rank, as
     torch.distributed.new_group numbers them) and communicators numbered (hashes use all 64 bits)."""
-    offset = pd.Series(job.clock, dtype="int64").reindex(ops["export"]).fillna(0).astype("int64").to_numpy()
-    ops = ops.assign(a_start=ops["start_ns"].astype("int64") + offset, a_end=ops["end_ns"].astype("int64") + offset,
-                     offset=offset, ready=ops["ready_local"] + offset)  # fmt: skip
+    offset = _offsets(job, ops["export"].to_numpy())
+    ops = ops.assign(a_start=ops["start_ns"].to_numpy(dtype="int64") + offset,
+                     a_end=ops["end_ns"].to_numpy(dtype="int64") + offset,
+                     ready=ops["ready_local"].to_numpy(dtype="float64") + offset).drop(columns="ready_local")  # fmt: skip
+    del offset
     members = members.dropna().drop_duplicates(["comm_id", "rank"]).sort_values("rank")
     position = members.assign(pos=members.groupby("comm_id").cumcount()).set_index(["comm_id", "rank"])["pos"]
     known = ops["comm_id"].notna()
     if known.any():
-        keys = pd.MultiIndex.from_arrays([ops.loc[known, "comm_id"], ops.loc[known, "rank"]])
-        guess = pd.array(position.reindex(keys).to_numpy(), dtype="Int64")
-        ops.loc[known, "comm_rank"] = ops.loc[known, "comm_rank"].fillna(pd.Series(guess, index=ops.index[known]))
-        ops["comm_id"] = pd.array(pd.factorize(ops["comm_id"])[0], dtype="Int64")
-        ops.loc[~known, "comm_id"] = pd.NA
+        guess = (known & ops["comm_rank"].isna()).to_numpy()  # processes whose calls did not say
+        if guess.any():
+            keys = pd.MultiIndex.from_arrays([ops.loc[guess, "comm_id"], ops.loc[guess, "rank"]])
+            at = pd.array(position.reindex(keys).to_numpy(), dtype="Int64")
+            ops["comm_rank"] = ops["comm_rank"].astype("Int64")
+            ops.loc[guess, "comm_rank"] = at
+        codes = pd.factorize(ops["comm_id"])[0]
+        ops["comm_id"] = pd.arrays.IntegerArray(codes.astype(np.int32), codes < 0)
     return ops
+
+
+def _offsets(job: JobFacts, export: np.ndarray) -> np.ndarray:
+    """Each row's export's offset to the job clock (0 for an export the job has no clock for)."""
+    clock = np.zeros(max(len(job.clock), int(export.max(initial=0)) + 1), dtype=np.int64)
+    clock[: len(job.clock)] = job.clock
+    out: np.ndarray = clock[export]
+    return out
 
 
 @dataclass(frozen=True)
@@ -203,8 +226,8 @@ def _participants(ops: pd.DataFrame, p: Params, notes: list[str]) -> Participant
     group = pd.Series(-1, index=ops.index, dtype="int64")
     parts, methods = [pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")], []
     if with_comm.any():
-        by_comm, edges = participants_by_communicator(ops.loc[with_comm, list(COMMUNICATOR_COLUMNS)])
-        group.loc[by_comm.index] = by_comm.to_numpy()
+        by_comm, edges = participants_by_communicator(ops[list(COMMUNICATOR_COLUMNS)])
+        group = by_comm
         parts.append(edges)
         methods.append("NCCL communicator payloads")
     if by_position.any():
@@ -214,97 +237,134 @@ def _participants(ops: pd.DataFrame, p: Params, notes: list[str]) -> Participant
     return Participants(group, pd.concat(parts, ignore_index=True).astype("int64"), " and ".join(methods))
 
 
-def _latest_peer(ops: pd.DataFrame, parts: Participants) -> pd.DataFrame:
-    """Per op: its participant that started last (op index, start, rank); among equal starts, the
-    one of the highest op index. Sorts plain arrays (10M ops at 1,024 ranks)."""
+def _latest_peer(ops: pd.DataFrame, parts: Participants) -> np.ndarray:
+    """Per op: the position of its participant that started last (-1: none known); among equal
+    starts, the one of the highest op index. Sorts plain arrays (10M ops at 1,024 ranks)."""
     start = ops["a_start"].to_numpy()
     late = np.full(len(ops), -1, dtype="int64")
     i, j = parts.edges["i"].to_numpy(dtype="int64"), parts.edges["j"].to_numpy(dtype="int64")
     if len(i):
         order = np.lexsort((j, start[j], i))  # by i, then the partner's start, then the partner
         i, j = i[order], j[order]
-        last = np.r_[i[1:] != i[:-1], True]  # each i's latest partner ends its run
+        del order
+        last = np.append(i[1:] != i[:-1], True)  # each i's latest partner ends its run
         late[i[last]] = j[last]
+        del i, j, last
     # a collective's latest other member: its group's last member, or the one before when that is itself
     group = parts.group.to_numpy()
     op = np.flatnonzero(group >= 0)
     if len(op):
         op = op[np.lexsort((op, start[op], group[op]))]  # by group, start, op
         g = group[op]
-        last_of = np.r_[g[1:] != g[:-1], True]
+        last_of = np.append(g[1:] != g[:-1], True)
         ends = np.flatnonzero(last_of)  # position of each group's last member
+        del last_of
         top_at = np.repeat(ends, np.diff(np.r_[-1, ends]))  # every member's group's last position
-        runner_up_at = top_at - 1
-        has_runner_up = (runner_up_at >= 0) & (g[np.maximum(runner_up_at, 0)] == g)
-        top, runner_up = op[top_at], np.where(has_runner_up, op[np.maximum(runner_up_at, 0)], -1)
-        late[op] = np.where(top == op, runner_up, top)
-    out = pd.DataFrame(index=ops.index)
-    out["late_op"] = late
-    out["late_start"] = np.where(late >= 0, start[np.maximum(late, 0)], np.nan)
-    out["late_rank"] = np.where(late >= 0, ops["rank"].to_numpy()[np.maximum(late, 0)], -1)
-    return out
+        runner_up_at = np.maximum(top_at - 1, 0)
+        has_runner_up = (top_at >= 1) & (g[runner_up_at] == g)
+        del g
+        top = op[top_at]
+        del top_at
+        late[op] = np.where(top == op, np.where(has_runner_up, op[runner_up_at], -1), top)
+    return late
 
 
-def _predecessor(ops: pd.DataFrame) -> pd.Series:
-    """Per op, the index of the op it was queued behind: the previous op of its stream, or of its
+def _predecessor(ops: pd.DataFrame) -> np.ndarray:
+    """Per op, the position of the op it was queued behind: the previous op of its stream, or of its
     communicator when that ended later (-1: none). Sorts plain arrays (10M ops at 1,024 ranks)."""
     prev = np.full(len(ops), -1, dtype="int64")
     end = ops["end_ns"].to_numpy()
     for keys in (["export", "pid", "device", "stream"], ["export", "pid", "comm_id"]):
-        rows = np.flatnonzero(ops[keys].notna().all(axis=1).to_numpy())
-        if not len(rows):
+        known = np.logical_and.reduce([ops[k].notna().to_numpy() for k in keys])
+        rows = None if known.all() else np.flatnonzero(known)
+        del known
+        if rows is not None and not len(rows):
             continue
-        cols = [ops[k].to_numpy(dtype="int64", na_value=-1)[rows] for k in keys]
-        order = np.lexsort((ops["start_ns"].to_numpy()[rows], *reversed(cols)))  # stable: ties keep op order
+        cols = [_values(ops[k], rows) for k in keys]
+        start = ops["start_ns"].to_numpy()
+        order = np.lexsort((start if rows is None else start[rows], *reversed(cols)))  # stable: ties keep op order
         same = np.ones(len(order) - 1, dtype=bool)
         for c in cols:
             c = c[order]
             same &= c[1:] == c[:-1]
-        at = rows[order]
-        cur, before = at[1:][same], at[:-1][same]
-        earlier = prev[cur]
-        better = end[before] > np.where(earlier >= 0, end[np.maximum(earlier, 0)], -np.inf)
-        prev[cur[better]] = before[better]
-    return pd.Series(prev, index=ops.index)
+        del cols
+        at = order if rows is None else rows[order]
+        del order
+        for lo in range(0, len(same), _CHUNK):  # bounded temporaries; each op is one chunk's cur
+            hi = min(lo + _CHUNK, len(same))
+            pair = same[lo:hi]
+            cur, before = at[lo + 1 : hi + 1][pair], at[lo:hi][pair]
+            earlier = prev[cur]
+            better = end[before] > np.where(earlier >= 0, end[np.maximum(earlier, 0)], -np.inf)
+            prev[cur[better]] = before[better]
+    return prev
+
+
+def _values(column: pd.Series, rows: np.ndarray | None) -> np.ndarray:
+    """A column's values (``rows`` of them, all when None) as a plain array, in its own type when it
+    has one: an int16 key sorts as fast and holds an eighth of an int64's memory."""
+    dtype = column.dtype
+    if isinstance(dtype, pd.api.extensions.ExtensionDtype):  # nullable: NA as -1 in its own signed type
+        values = column.to_numpy(dtype=np.dtype(dtype.type) if dtype.kind == "i" else "int64", na_value=-1)
+    else:
+        values = column.to_numpy()
+    return values if rows is None else values[rows]
 
 
 def stalls(ops: pd.DataFrame, parts: Participants, p: Params) -> pd.DataFrame:
     """The stalls, indexed by op position (as B): its predecessor A, what A waited for, B's lost time,
     and whether B is the first of its episode (``parent`` -1) or a link of another stall's episode
-    (``parent``, ``root``). Only the stalls are kept: the per-op arrays are 10M long at 1,024 ranks."""
-    peer = _latest_peer(ops, parts)
-    a = _predecessor(ops).to_numpy()
-    has_a = a >= 0
-    ai = np.where(has_a, a, 0)
-    a_end = ops["a_end"].to_numpy()[ai]
-    a_wait = peer["late_start"].to_numpy()[ai] - ops["a_start"].to_numpy()[ai]
-    queued = np.abs(ops["start_ns"].to_numpy() - ops["end_ns"].to_numpy()[ai]) <= p.queue_tolerance_ns
-    b_peers_ready = peer["late_start"].to_numpy()  # NaN: B's participants unknown, never reported
-    free_at = np.fmax(ops["ready"].to_numpy(), b_peers_ready)
-    impact = ops["a_start"].to_numpy() - free_at
-    hit = (has_a & queued & (a_wait >= p.min_wait_ns) & (a_end - ops["ready"].to_numpy() >= p.min_stall_ns)
-           & ~np.isnan(b_peers_ready) & (impact >= p.min_stall_ns))  # fmt: skip
+    (``parent``, ``root``). Only the ops queued behind another are examined past the first test, and
+    only the stalls kept: the per-op arrays are 10M long at 1,024 ranks."""
+    late = _latest_peer(ops, parts)
+    release_freed_memory()
+    a = _predecessor(ops)
+    release_freed_memory()
+    queued = ops["end_ns"].to_numpy()[np.maximum(a, 0)]  # A's end, on B's clock
+    np.subtract(ops["start_ns"].to_numpy(), queued, out=queued)
+    np.abs(queued, out=queued)
+    b = np.flatnonzero((queued <= p.queue_tolerance_ns) & (a >= 0))  # B queued behind an A
+    del queued
+    a_start = ops["a_start"].to_numpy()
+    ready = ops["ready"].to_numpy()
+
+    def late_start(x: np.ndarray) -> np.ndarray:  # the start of x's latest participant; NaN: none known
+        return np.where(late[x] >= 0, a_start[np.maximum(late[x], 0)], np.nan)
+
+    ab = a[b]
+    a_wait = late_start(ab) - a_start[ab]
+    b_peers_ready = late_start(b)  # NaN: B's participants unknown, never reported
+    free_at = np.fmax(ready[b], b_peers_ready)
+    impact = a_start[b] - free_at
+    ok = ((a_wait >= p.min_wait_ns) & (ops["a_end"].to_numpy()[ab] - ready[b] >= p.min_stall_ns)
+          & ~np.isnan(b_peers_ready) & (impact >= p.min_stall_ns))  # fmt: skip
+    rows, ab, a_wait, free_at, impact = b[ok], ab[ok], a_wait[ok], free_at[ok], impact[ok]
     # cascades: B whose A's late op was itself stalled belongs to that op's episode
-    late_of_a = np.where(has_a, peer["late_op"].to_numpy()[ai], -1)
-    parent = np.where(hit & (late_of_a >= 0) & hit[np.maximum(late_of_a, 0)], late_of_a, -1)
-    root = np.where(parent >= 0, parent, np.arange(len(ops)))
+    late_of_a = late[ab]
+    up = np.searchsorted(rows, late_of_a)  # the stall row of A's late op, where it is one
+    is_link = (late_of_a >= 0) & (up < len(rows)) & (rows[np.minimum(up, len(rows) - 1)] == late_of_a)
+    parent_at = np.where(is_link, up, -1)
+    root_at = np.where(is_link, up, np.arange(len(rows)))
     for _ in range(_MAX_CASCADE):
-        up = parent[root]
-        if not (up >= 0).any():
+        above = parent_at[root_at]
+        if not (above >= 0).any():
             break
-        root = np.where(up >= 0, up, root)
-    rows = np.flatnonzero(hit)
-    return pd.DataFrame({"a": a[rows], "a_wait": a_wait[rows], "late_rank_of_a": peer["late_rank"].to_numpy()[ai[rows]],
-                         "free_at": free_at[rows], "impact": impact[rows], "parent": parent[rows], "root": root[rows]},
+        root_at = np.where(above >= 0, above, root_at)
+    rank = ops["rank"].to_numpy()
+    late_rank_of_a = np.where(late_of_a >= 0, rank[np.maximum(late_of_a, 0)], -1)
+    return pd.DataFrame({"a": ab, "a_wait": a_wait, "late_rank_of_a": late_rank_of_a, "free_at": free_at,
+                         "impact": impact, "parent": np.where(is_link, late_of_a, -1), "root": rows[root_at]},
                         index=rows)  # fmt: skip
 
 
 def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tuple[Finding, int]]:
     """The stalls of the whole job, from every export's NCCL ops and communicator members."""
-    ops = _on_job(tables["ops"], tables["members"], job)
+    ops = _on_job(tables.pop("ops"), tables["members"], job)  # taken: the columns it replaces are freed
     if ops["rank"].nunique() < 2:
         return []
+    release_freed_memory()  # each stage's temporaries, before the next stage's (10M ops at 1,024 ranks)
     parts = _participants(ops, p, job.notes)
+    release_freed_memory()
     method = parts.method
     st = stalls(ops, parts, p)
     heads = st.index[st["parent"] < 0].to_numpy()
@@ -317,7 +377,7 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
         b, prev = ops.iloc[i], ops.iloc[int(stall["a"])]
         late = as_int(stall["late_rank_of_a"])
         lost = int(stall["impact"])
-        off = as_int(b["offset"])
+        off = int(_offsets(job, np.array([as_int(b["export"])]))[0])
         participants = participants_of[int(i)]
         cascade = [{"rank": as_int(ops["rank"].iat[c]), "kernel": str(ops["short_name"].iat[c]),
                     "correlation_id": as_optional_int(ops["correlation_id"].iat[c]),

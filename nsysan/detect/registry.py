@@ -61,7 +61,9 @@ def register(
 
     Without ``reduce`` the detector returns findings of the export it is given. With it, the
     detector returns ``{name: frame}`` (each frame with an ``export`` column) and
-    ``reduce(frames of every export, JobFacts, params)`` returns (finding, run length) pairs.
+    ``reduce(frames of every export, JobFacts, params)`` returns (finding, run length) pairs. The
+    frames are built for that one call, so ``reduce`` may take them out of the dict and free what
+    it no longer needs (a job's frames are GiBs at 1,024 ranks).
     """
 
     def add(detector: Callable[[Trace, Any], Any]) -> Callable[[Trace, Any], Any]:

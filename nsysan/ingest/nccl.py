@@ -192,48 +192,110 @@ def participants_by_communicator(ops: pd.DataFrame) -> tuple[pd.Series, pd.DataF
 
     Returns (``group``, ``edges``): per collective op the number of its (communicator, sequence)
     group, whose other members are its participants (a group, not edges: a collective over 1,024
-    ranks would be a million edges per operation); and point-to-point edges (i, j).
+    ranks would be a million edges per operation); and point-to-point edges (i, j). Works on plain
+    arrays of the narrowest types, in start order: 10M ops at 1,024 ranks.
     """
-    group = pd.Series(-1, index=ops.index, dtype="int64")
-    known = ops.dropna(subset=["comm_id"])
-    if known.empty:
-        return group, pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")
-    known = known.sort_values("a_start", kind="stable")
-    p2p = known["peer"].notna()
-    coll = known[~p2p]
-    seq = coll.groupby(["rank", "comm_id"]).cumcount()
-    group.loc[coll.index] = coll.assign(seq=seq).groupby(["comm_id", "seq"], sort=False).ngroup().to_numpy()
-    pts = known[p2p].copy()
-    if pts.empty:
-        return group, pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")
-    pts["peer"] = pts["peer"].astype("int64")
-    pts["me"] = pts["comm_rank"]
-    pts["seq"] = pts.groupby(["rank", "comm_id", "peer"]).cumcount()
-    pts = pts.reset_index()[["index", "comm_id", "me", "peer", "seq"]]
-    return group, _pair_point_to_point(pts)
+    group = np.full(len(ops), -1, dtype=np.int64)
+    rows = np.flatnonzero(ops["comm_id"].notna().to_numpy())
+    rows = rows[np.argsort(ops["a_start"].to_numpy()[rows], kind="stable")]  # known ops in start order
+    comm = pd.factorize(ops["comm_id"].take(rows))[0].astype(np.int32)
+    rank = ops["rank"].to_numpy()[rows]
+    p2p = ops["peer"].notna().to_numpy()[rows]
+    if not p2p.all():
+        coll = ~p2p
+        seq = _occurrence(comm[coll], rank[coll])
+        key = comm[coll].astype(np.int64) * (int(seq.max()) + 1) + seq
+        del seq
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        del key
+        number = np.empty(len(first), dtype=np.int64)
+        number[np.argsort(first, kind="stable")] = np.arange(len(first))  # groups numbered as they first start
+        group[rows[coll]] = number[inverse]
+    edges = pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")
+    if p2p.any():
+        at = rows[p2p]
+        comm, rank = comm[p2p], rank[p2p]
+        del rows, p2p
+        peer = ops["peer"].take(at).to_numpy(dtype="int32")
+        me = ops["comm_rank"].take(at).to_numpy(dtype="int32", na_value=-1)
+        keys = [comm, me, peer, _occurrence(comm, rank, peer)]
+        del comm, me, peer, rank
+        index = at if ops.index.equals(pd.RangeIndex(len(ops))) else ops.index.take(at).to_numpy(dtype="int64")
+        del at
+        edges = _pairs(index, keys)
+    return pd.Series(group, index=ops.index), edges
+
+
+def _occurrence(*keys: np.ndarray) -> np.ndarray:
+    """Per row, how many rows before it have the same keys (pandas' groupby().cumcount())."""
+    order = np.lexsort(keys[::-1])  # stable: equal keys keep their order
+    if not len(order):
+        return np.zeros(0, dtype=np.int64)
+    first = np.ones(len(order), dtype=bool)  # first of its keys in sorted order
+    for k in keys:
+        k = k[order]
+        first[1:] &= k[1:] == k[:-1]
+    np.logical_not(first, out=first)
+    first[0] = True
+    starts = np.flatnonzero(first)
+    out = np.empty(len(order), dtype=np.int64)
+    out[order] = np.arange(len(order)) - np.repeat(starts, np.diff(np.append(starts, len(order))))
+    return out
 
 
 def _pair_point_to_point(pts: pd.DataFrame) -> pd.DataFrame:
     """Edges (i, j) between the n-th point-to-point op of ``me`` with ``peer`` and the n-th of
-    ``peer`` with ``me`` in one communicator. Packs (communicator, me, peer, n) into one integer and
-    matches by sorting: millions of ops at 1,024 ranks, where a four-column merge needs GiBs; a
-    table whose keys do not fit in 63 bits or repeat goes through the merge."""
-    cols = {c: pts[c].to_numpy(dtype="int64", na_value=-1) for c in ("comm_id", "me", "peer", "seq")}
-    if min(int(v.min()) for v in cols.values()) >= 0:
-        ranks = max(int(cols["me"].max()), int(cols["peer"].max())) + 1
-        seqs = int(cols["seq"].max()) + 1
-        if (int(cols["comm_id"].max()) + 1) * ranks * ranks * seqs < 2**63:
-            mine = ((cols["comm_id"] * ranks + cols["me"]) * ranks + cols["peer"]) * seqs + cols["seq"]
-            theirs = ((cols["comm_id"] * ranks + cols["peer"]) * ranks + cols["me"]) * seqs + cols["seq"]
+    ``peer`` with ``me`` in one communicator; ``pts``: index (op id), comm_id, me, peer, seq (n)."""
+    keys = [pts[c].to_numpy(dtype="int64", na_value=-1) for c in ("comm_id", "me", "peer", "seq")]
+    return _pairs(pts["index"].to_numpy(dtype="int64"), keys)
+
+
+def _pairs(index: np.ndarray, keys: list[np.ndarray]) -> pd.DataFrame:
+    """:func:`_pair_point_to_point` on arrays: ``keys`` (comm, me, peer, seq; -1: unknown) are
+    consumed, so that their memory is free before the sort's. Packs the four into one integer and
+    matches by sorting: millions of ops at 1,024 ranks, where a four-column merge needs GiBs; keys
+    that do not fit in 63 bits, repeat or are unknown go through the merge."""
+    comm, me, peer, seq = keys
+    if len(index) and min(int(comm.min()), int(me.min()), int(peer.min()), int(seq.min())) >= 0:
+        ranks = max(int(me.max()), int(peer.max())) + 1
+        seqs = int(seq.max()) + 1
+        if (int(comm.max()) + 1) * ranks * ranks * seqs < 2**63:
+            mine, theirs = _packed(comm, me, peer, seq, ranks, seqs), _packed(comm, peer, me, seq, ranks, seqs)
+            keys.clear()
+            del comm, me, peer, seq
             order = np.argsort(mine, kind="stable")
             sorted_keys = mine[order]
+            del mine
             if not (sorted_keys[1:] == sorted_keys[:-1]).any():
                 wanted = np.argsort(theirs, kind="stable")  # sorted needles: the search walks memory in order
                 needles = theirs[wanted]
-                at = np.minimum(np.searchsorted(sorted_keys, needles), len(order) - 1)
+                del theirs
+                at = np.searchsorted(sorted_keys, needles)
+                np.minimum(at, len(order) - 1, out=at)
                 hit = sorted_keys[at] == needles
-                index = pts["index"].to_numpy(dtype="int64")
+                del sorted_keys, needles
                 return pd.DataFrame({"i": index[wanted[hit]], "j": index[order[at[hit]]]})
+            comm, me, peer, seq = _unpacked(mine_sorted=sorted_keys, order=order, ranks=ranks, seqs=seqs)
+    pts = pd.DataFrame({"index": index, "comm_id": comm, "me": me, "peer": peer, "seq": seq})
     pe = pts.merge(pts, left_on=["comm_id", "me", "peer", "seq"], right_on=["comm_id", "peer", "me", "seq"],
                    suffixes=("_i", "_j"))  # fmt: skip
     return pe.rename(columns={"index_i": "i", "index_j": "j"})[EDGE_COLUMNS].astype("int64")
+
+
+def _unpacked(mine_sorted: np.ndarray, order: np.ndarray, ranks: int, seqs: int) -> tuple[np.ndarray, ...]:
+    """The four keys back from their packed form (sorted by it, ``order`` the sort), in row order."""
+    packed = np.empty_like(mine_sorted)
+    packed[order] = mine_sorted
+    packed, seq = np.divmod(packed, seqs)
+    packed, peer = np.divmod(packed, ranks)
+    comm, me = np.divmod(packed, ranks)
+    return comm, me, peer, seq
+
+
+def _packed(comm: np.ndarray, a: np.ndarray, b: np.ndarray, seq: np.ndarray, ranks: int, seqs: int) -> np.ndarray:
+    """((comm x ranks + a) x ranks + b) x seqs + seq, in one int64 array (no temporaries)."""
+    out = comm.astype(np.int64)
+    for value, scale in ((a, ranks), (b, ranks), (seq, seqs)):
+        out *= scale
+        out += value
+    return out
