@@ -308,6 +308,8 @@ def _values(column: pd.Series, rows: np.ndarray | None) -> np.ndarray:
         values = column.to_numpy(dtype=np.dtype(dtype.type) if dtype.kind == "i" else "int64", na_value=-1)
     else:
         values = column.to_numpy()
+        if values.dtype == object:  # a join of exports that disagreed on the type
+            values = column.to_numpy(dtype="int64", na_value=-1)
     return values if rows is None else values[rows]
 
 
