@@ -72,10 +72,11 @@ CacheDir = Annotated[
         "--cache",
         metavar="DIR",
         help="The frame cache's directory (default: $XDG_CACHE_HOME/nsysan/frames): the frames read from each "
-        "export are kept there, so the next look at an unchanged export skips SQLite.",
+        "export, and report's map result of it, are kept there, so the next look at an unchanged export skips "
+        "SQLite (and the next report the analysis). Use a directory only you can write.",
     ),
 ]
-NoCache = Annotated[bool, typer.Option("--no-cache", help="Read every export afresh; write no cache.")]
+NoCache = Annotated[bool, typer.Option("--no-cache", help="Read and analyse every export afresh; write no cache.")]
 
 
 @app.command()

@@ -10,6 +10,9 @@ says what a task is (one export) and how results combine (:func:`nsysan.analysis
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import logging
 import os
 import sys
@@ -21,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 import pandas as pd
 
 from nsysan.analysis import ExportResult, Settings, map_export, reduce_job
+from nsysan.detect.registry import registered
 from nsysan.diff.profile import merge_profiles, profile_part, summary_tables
 from nsysan.errors import InputError
 from nsysan.ingest import expand_inputs, load_trace
@@ -140,22 +144,75 @@ def open_engine(workers: int | None, scheduler: str | None, paths: Sequence[Path
         yield DaskEngine(client)
 
 
-def announced_in_file(path: Path, index: int) -> pd.DataFrame:
-    """Task: the ranks the processes of one export announced (see :func:`announced_ranks`)."""
-    with NsysExport(path) as x:
-        return announced_ranks(x, index)
+def announced_in_file(path: Path, index: int, cache: FrameCache | None = None) -> pd.DataFrame:
+    """Task: the ranks the processes of one export announced (see :func:`announced_ranks`); with a
+    cache, kept like a map result (it scans the largest tables: seconds at 8M kernels)."""
+
+    def compute() -> pd.DataFrame:
+        with NsysExport(path) as x:
+            return announced_ranks(x, index)
+
+    if cache is None:
+        return compute()
+    return cache.value(path, f"ranks-{_key(code_identity(), str(index))}", compute)
 
 
 def map_file(
     path: Path, index: int, ranks: pd.DataFrame, settings: Settings, cache: FrameCache | None, steps: str | None
 ) -> ExportResult:
     """Task: the map of one export, opened on the worker (with the diff profile's part when ``steps``,
-    the step pattern, is given)."""
-    with load_trace([path], cache=cache, ranks=ranks) as trace:
-        result = map_export(trace, index, settings)
-        if steps is not None:
-            result.profile = profile_part(trace, steps)
-        return result
+    the step pattern, is given). With a cache, a result computed before for the same export, code,
+    settings, ranks and steps is read back instead (a re-report runs only the reduce)."""
+
+    def compute() -> ExportResult:
+        with load_trace([path], cache=cache, ranks=ranks) as trace:
+            result = map_export(trace, index, settings)
+            if steps is not None:
+                result.profile = profile_part(trace, steps)
+            return result
+
+    if cache is None or not _only_nsysan_detectors():
+        return compute()
+    return cache.value(path, f"map-{_map_key(path, index, ranks, settings, steps)}", compute)
+
+
+def _only_nsysan_detectors() -> bool:
+    """Whether every registered detector is nsysan's own, so that :func:`code_identity` covers its
+    code: a plugin's detector may change without nsysan knowing, so its maps are not kept."""
+    return all(
+        getattr(fn, "__module__", "").startswith("nsysan.")
+        for spec in registered().values()
+        for fn in (spec.run, spec.reduce)
+        if fn is not None
+    )
+
+
+def _map_key(path: Path, index: int, ranks: pd.DataFrame, settings: Settings, steps: str | None) -> str:
+    """Everything a map's result depends on besides the export's contents (the cache entry's key)."""
+    return _key(code_identity(), str(Path(path).resolve()), str(index), json.dumps(settings, sort_keys=True),
+                ranks.to_csv(index=False), repr(steps))  # fmt: skip
+
+
+def _key(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+@functools.cache
+def code_identity() -> str:
+    """A hash of nsysan's source and the versions of the libraries that shape its results: a cached
+    map result is used only by the code that computed it."""
+    import numpy
+
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256(f"{sys.version} numpy {numpy.__version__} pandas {pd.__version__}".encode())
+    for file in sorted(root.rglob("*.py")):
+        digest.update(file.relative_to(root).as_posix().encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def analyse_files(
@@ -169,9 +226,9 @@ def analyse_files(
     """
     skipped: list[str] = []
     paths = expand_inputs(inputs, skipped)
-    announced = engine.map(announced_in_file, [(p, i) for i, p in enumerate(paths)], "ranks")
-    ranks = assign_guessed(announced)
     cache = process_cache()
+    announced = engine.map(announced_in_file, [(p, i, cache) for i, p in enumerate(paths)], "ranks")
+    ranks = assign_guessed(announced)
     tasks = [
         (p, i, ranks[ranks["export"] == i].assign(export=0).reset_index(drop=True), settings, cache, profile_steps)
         for i, p in enumerate(paths)

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from nsysan import engine
 from nsysan.cli import app
 from nsysan.ingest import load_trace
 from nsysan.ingest.cache import FrameCache, export_key
@@ -158,3 +159,84 @@ def test_audit_from_cache_matches_whatever_was_read_before(tmp_path, export):
                 t.audit_times()
                 results.append(t.dropped_rows())
         pd.testing.assert_frame_equal(results[0], results[1])
+
+
+# -- the map results (nsysan.engine.map_file) --------------------------------------------------------
+
+
+def _report(export: Path, cache: Path, *extra: str) -> str:
+    result = runner.invoke(app, ["report", str(export), "--format", "json", "--cache", str(cache), *extra])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def _map_results(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*/map-*.pickle"))
+
+
+def test_second_report_reads_the_map_result_and_ranks_without_opening_the_export(tmp_path, export, monkeypatch):
+    cold = _report(export, tmp_path / "cache")
+    assert len(_map_results(tmp_path / "cache")) == 1
+
+    def no_reading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the export was read again")
+
+    monkeypatch.setattr("nsysan.engine.load_trace", no_reading)
+    monkeypatch.setattr("nsysan.engine.NsysExport", no_reading)  # nor its ranks: kept too
+    assert _report(export, tmp_path / "cache") == cold
+
+
+def test_no_cache_computes_the_map(tmp_path, export, monkeypatch):
+    _report(export, tmp_path / "cache")
+    calls = []
+    real = engine.load_trace
+    monkeypatch.setattr("nsysan.engine.load_trace", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _report(export, tmp_path / "cache", "--no-cache")
+    assert calls == [1]
+
+
+def test_map_result_is_computed_again_when_what_it_depends_on_changes(tmp_path, export, monkeypatch):
+    cache = tmp_path / "cache"
+    _report(export, cache)
+    _report(export, cache, "--set", "nccl_ordering_stall.min_stall_ns=60000")  # settings
+    assert len(_map_results(cache)) == 2
+    monkeypatch.setattr("nsysan.engine.code_identity", lambda: "another nsysan")  # code
+    _report(export, cache)
+    assert len(_map_results(cache)) == 3
+    monkeypatch.undo()
+    moved = tmp_path / "moved" / "trace.sqlite"  # the path the report names
+    moved.parent.mkdir()
+    shutil.copy2(export, moved)
+    assert str(moved) in _report(moved, cache)
+    assert len(_map_results(cache)) == 4
+    st = export.stat()
+    os.utime(export, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # the export (a new entry)
+    _report(export, cache)
+    assert len(_map_results(cache)) == 5
+
+
+def test_map_result_others_may_write_or_damaged_is_computed_again(tmp_path, export, monkeypatch):
+    """A pickle can run code: a file another user could have written is never loaded."""
+    cache = tmp_path / "cache"
+    cold = _report(export, cache)
+    (stored,) = _map_results(cache)
+    assert stored.stat().st_mode & 0o077 == 0
+    calls = []
+    real = engine.load_trace
+    monkeypatch.setattr("nsysan.engine.load_trace", lambda *a, **k: calls.append(1) or real(*a, **k))
+    stored.chmod(0o666)
+    assert _report(export, cache) == cold and calls == [1]
+    assert stored.stat().st_mode & 0o077 == 0  # rewritten as this user's alone
+    stored.write_bytes(b"not a pickle")
+    assert _report(export, cache) == cold and calls == [1, 1]
+    assert _report(export, cache) == cold and calls == [1, 1]
+
+
+def test_map_results_are_not_kept_while_a_plugin_detector_is_registered(tmp_path, export, monkeypatch):
+    """nsysan cannot tell when a plugin's code changes: its maps are computed every time."""
+    from nsysan.detect import registry
+
+    spec = registry.DetectorSpec("plugin", lambda trace, params: [], dict, "a plugin")
+    monkeypatch.setattr(registry, "_REGISTRY", {**registry.registered(), "plugin": spec})
+    _report(export, tmp_path / "cache")
+    assert _map_results(tmp_path / "cache") == []

@@ -99,10 +99,12 @@ def test_real_scheduler_and_two_workers_give_the_serial_report(scheduler, job, s
 
 def test_cli_scheduler_report_equals_serial_cli_report(scheduler, job, monkeypatch, capsys, tmp_path):
     out_serial, out_dask = tmp_path / "serial.json", tmp_path / "dask.json"
-    code, _, err = run_main(monkeypatch, capsys, "report", *map(str, job), "--workers", "0", "-o", str(out_serial))
+    # a cache each: the cluster's maps are computed on the workers, not read from the serial run's
+    code, _, err = run_main(monkeypatch, capsys, "report", *map(str, job), "--workers", "0", "-o", str(out_serial),
+                            "--cache", str(tmp_path / "serial-cache"))  # fmt: skip
     assert code == 0, err
     code, _, err = run_main(monkeypatch, capsys, "report", *map(str, job), "--scheduler", scheduler,
-                            "-o", str(out_dask))  # fmt: skip
+                            "-o", str(out_dask), "--cache", str(tmp_path / "dask-cache"))  # fmt: skip
     assert code == 0, err
     assert out_dask.read_bytes() == out_serial.read_bytes()
 

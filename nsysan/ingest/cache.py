@@ -1,11 +1,14 @@
-"""A Parquet cache of ingested frames, so that a second look at the same export skips SQLite.
+"""A Parquet cache of ingested frames, so that a second look at the same export skips SQLite, and
+of what a report made of each export, so that a second report skips the analysis too.
 
 Each export gets one entry: a directory named by the export's identity (its size, mtime_ns and a
 hash of its first MiB, which holds SQLite's header and change counter) and by
 :data:`READER_VERSION`. In it, one Parquet file per read (a frame, a set of kernel columns, the
 launch calls of some kernels, the timestamp audit), each carrying in its metadata what that read
 noted on the export (rows left out, strings missing): a hit replays those notes, so the report's
-limitations are the same as on a cold read.
+limitations are the same as on a cold read. Beside them, :meth:`FrameCache.value` keeps values a
+caller computed from the export (``nsysan report``'s map result, keyed by nsysan's code, the
+settings and the rank table: :mod:`nsysan.engine`).
 
 The cache lives in ``$XDG_CACHE_HOME/nsysan/frames`` (``~/.cache/nsysan/frames``), never beside
 the user's trace unless asked (``--cache DIR``). Writes go to a temporary file renamed into place;
@@ -16,9 +19,11 @@ be written costs one note on stderr and nothing else. Turned on per process with
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import sys
 import tempfile
@@ -26,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, TypeVar, cast
 
 import pandas as pd
 
@@ -38,6 +43,7 @@ READER_VERSION = "1"
 _HEAD_BYTES = 1 << 20
 _META_KEY = b"nsysan"
 ENV = "NSYSAN_CACHE"
+T = TypeVar("T")
 
 
 def default_dir() -> Path:
@@ -120,6 +126,29 @@ class FrameCache:
             x._cache_key = key  # type: ignore[attr-defined]
         return self.directory / key if key else None
 
+    def value(self, path: Path, name: str, compute: Callable[[], T]) -> T:
+        """``compute()``'s value for the export at ``path``, kept in the export's entry under
+        ``name``, which must say everything else the value depends on. It holds what nsysan made of
+        an export (a map's result), so a re-report skips the analysis, not only SQLite.
+
+        Stored with pickle, so a file is read only when this user owns it and nobody else may
+        write it; a damaged or foreign file is computed again and rewritten.
+        """
+        try:
+            file = self.directory / export_key(path) / f"{_safe(name)}.pickle"
+        except OSError:  # the export is unreadable: compute() says so, in its own words
+            return compute()
+        hit = _load_value(file)
+        if hit is not None:
+            self.hits += 1
+            return cast(T, hit[0])
+        self.misses += 1
+        value = compute()
+        if self.writable:  # a value pickle cannot hold stays uncached, nothing else changes
+            with contextlib.suppress(pickle.PicklingError, AttributeError, TypeError):
+                self._write(file, lambda fh: pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL))
+        return value
+
     def _store(self, file: Path, df: pd.DataFrame, notes: dict[str, Any]) -> None:
         try:
             import pyarrow as pa
@@ -131,11 +160,20 @@ class FrameCache:
             doc = {"version": READER_VERSION, "notes": notes, "columns": list(df.columns), "dtypes": dtypes}
             meta[_META_KEY] = json.dumps(doc).encode()
             table = table.replace_schema_metadata(meta)
+            self._write(file, lambda fh: pq.write_table(table, fh, compression="zstd"))
+        except (ImportError, ValueError, TypeError, NotImplementedError) as exc:
+            # a frame Arrow cannot hold (mixed objects): that read stays uncached, nothing else changes
+            _ = exc
+
+    def _write(self, file: Path, dump: Callable[[BinaryIO], object]) -> None:
+        """``dump`` into a temporary file (mode 0600) renamed to ``file``; a directory that cannot
+        be written turns the cache off with one note on stderr."""
+        try:
             file.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    pq.write_table(table, fh, compression="zstd")
+                    dump(fh)
                 os.replace(tmp, file)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
@@ -146,9 +184,6 @@ class FrameCache:
                 f"nsysan: note: frame cache {self.directory} is not writable ({exc.strerror or exc}); "
                 "reading without it\n"
             )
-        except (ImportError, ValueError, TypeError, NotImplementedError) as exc:
-            # a frame Arrow cannot hold (mixed objects): that read stays uncached, nothing else changes
-            _ = exc
 
 
 def _safe(name: str) -> str:
@@ -184,6 +219,19 @@ def _decode(df: pd.DataFrame, columns: list[str], dtypes: dict[str, Any]) -> pd.
         else:
             out[name] = col
     return pd.DataFrame(out, columns=columns)
+
+
+def _load_value(file: Path) -> tuple[Any] | None:
+    """(the stored value,), or None when there is none, it is damaged, or the file is not this
+    user's alone (a pickle can run code: one that somebody else wrote is never loaded)."""
+    try:
+        with file.open("rb") as fh:
+            st = os.fstat(fh.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return None
+            return (pickle.load(fh),)
+    except Exception:
+        return None
 
 
 def _load(file: Path) -> tuple[pd.DataFrame, dict[str, Any]] | None:
