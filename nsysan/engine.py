@@ -189,7 +189,7 @@ def _only_nsysan_detectors() -> bool:
 
 def _map_key(path: Path, index: int, ranks: pd.DataFrame, settings: Settings, steps: str | None) -> str:
     """Everything a map's result depends on besides the export's contents (the cache entry's key)."""
-    return _key(code_identity(), str(Path(path).resolve()), str(index), json.dumps(settings, sort_keys=True),
+    return _key(code_identity(), str(path), str(index), json.dumps(settings, sort_keys=True),
                 ranks.to_csv(index=False), repr(steps))  # fmt: skip
 
 
@@ -203,12 +203,16 @@ def _key(*parts: str) -> str:
 
 @functools.cache
 def code_identity() -> str:
-    """A hash of nsysan's source and the versions of the libraries that shape its results: a cached
-    map result is used only by the code that computed it."""
+    """A hash of nsysan's source and the versions of Python, SQLite, numpy, pandas and pyarrow: a
+    cached map result is used only by the code that computed it."""
+    import sqlite3
+
     import numpy
+    import pyarrow
 
     root = Path(__file__).resolve().parent
-    digest = hashlib.sha256(f"{sys.version} numpy {numpy.__version__} pandas {pd.__version__}".encode())
+    versions = f"{sys.version} {sqlite3.sqlite_version} {numpy.__version__} {pd.__version__} {pyarrow.__version__}"
+    digest = hashlib.sha256(versions.encode())
     for file in sorted(root.rglob("*.py")):
         digest.update(file.relative_to(root).as_posix().encode())
         digest.update(file.read_bytes())

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from nsysan import engine
 from nsysan.cli import app
 from nsysan.ingest import load_trace
-from nsysan.ingest.cache import FrameCache, export_key
+from nsysan.ingest.cache import FrameCache, _load_value, export_key
 from nsysan.ingest.frames import FRAMES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -230,6 +230,25 @@ def test_map_result_others_may_write_or_damaged_is_computed_again(tmp_path, expo
     stored.write_bytes(b"not a pickle")
     assert _report(export, cache) == cold and calls == [1, 1]
     assert _report(export, cache) == cold and calls == [1, 1]
+    elsewhere = tmp_path / "planted.pickle"  # a link in its place, even to a file of this user's
+    stored.rename(elsewhere)
+    stored.symlink_to(elsewhere)
+    assert _report(export, cache) == cold and calls == [1, 1, 1]
+    assert not stored.is_symlink()
+    stored.unlink()
+    os.mkfifo(stored)  # not waited on
+    assert _report(export, cache) == cold and calls == [1, 1, 1, 1]
+    stored.parent.chmod(0o777)  # an entry others may write: nothing in it is loaded ...
+    assert _load_value(stored) is None
+    assert _report(export, cache) == cold  # ... until a report of this user's takes their write permission off
+    assert stored.parent.stat().st_mode & 0o022 == 0
+    assert _load_value(stored) is not None
+
+
+def test_map_result_names_the_export_as_the_user_did(tmp_path, export, monkeypatch):
+    monkeypatch.chdir(export.parent)
+    assert '"path": "trace.sqlite"' in _report(Path("trace.sqlite"), tmp_path / "cache")
+    assert f'"path": "{export}"' in _report(export, tmp_path / "cache")
 
 
 def test_map_results_are_not_kept_while_a_plugin_detector_is_registered(tmp_path, export, monkeypatch):

@@ -273,6 +273,8 @@ def _predecessor(ops: pd.DataFrame) -> np.ndarray:
     """Per op, the position of the op it was queued behind: the previous op of its stream, or of its
     communicator when that ended later (-1: none). Sorts plain arrays (10M ops at 1,024 ranks)."""
     prev = np.full(len(ops), -1, dtype="int64")
+    if not len(ops):
+        return prev
     end = ops["end_ns"].to_numpy()
     for keys in (["export", "pid", "device", "stream"], ["export", "pid", "comm_id"]):
         known = np.logical_and.reduce([ops[k].notna().to_numpy() for k in keys])

@@ -25,6 +25,7 @@ import json
 import os
 import pickle
 import shutil
+import stat
 import sys
 import tempfile
 from collections import Counter
@@ -131,9 +132,13 @@ class FrameCache:
         ``name``, which must say everything else the value depends on. It holds what nsysan made of
         an export (a map's result), so a re-report skips the analysis, not only SQLite.
 
-        Stored with pickle, so a file is read only when this user owns it and nobody else may
-        write it; a damaged or foreign file is computed again and rewritten.
+        Stored with pickle, and loading a pickle can run code, so a value is read only from a
+        regular file (not a link) that this user owns and nobody else may write, in an entry
+        directory of the same kind; nsysan makes both so. Anything else, or a damaged file, is
+        computed again and rewritten.
         """
+        if not hasattr(os, "getuid"):  # no owners to check (Windows): not kept
+            return compute()
         try:
             file = self.directory / export_key(path) / f"{_safe(name)}.pickle"
         except OSError:  # the export is unreadable: compute() says so, in its own words
@@ -147,6 +152,8 @@ class FrameCache:
         if self.writable:  # a value pickle cannot hold stays uncached, nothing else changes
             with contextlib.suppress(pickle.PicklingError, AttributeError, TypeError):
                 self._write(file, lambda fh: pickle.dump(value, fh, protocol=pickle.HIGHEST_PROTOCOL))
+            with contextlib.suppress(OSError):
+                _make_private(file.parent)
         return value
 
     def _store(self, file: Path, df: pd.DataFrame, notes: dict[str, Any]) -> None:
@@ -221,17 +228,37 @@ def _decode(df: pd.DataFrame, columns: list[str], dtypes: dict[str, Any]) -> pd.
     return pd.DataFrame(out, columns=columns)
 
 
+def _private(st: os.stat_result) -> bool:
+    """Owned by this user, and nobody else may write it."""
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _make_private(directory: Path) -> None:
+    """Take group and others' write permission off an entry directory of this user's."""
+    st = os.lstat(directory)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o022:
+        os.chmod(directory, stat.S_IMODE(st.st_mode) & ~0o022)
+
+
 def _load_value(file: Path) -> tuple[Any] | None:
-    """(the stored value,), or None when there is none, it is damaged, or the file is not this
-    user's alone (a pickle can run code: one that somebody else wrote is never loaded)."""
+    """(the stored value,), or None when there is none, it is damaged, or it or its entry directory
+    is not this user's alone (a pickle can run code: one somebody else could write is never loaded;
+    a link or a FIFO planted in its place is not followed or waited on)."""
     try:
-        with file.open("rb") as fh:
-            st = os.fstat(fh.fileno())
-            if st.st_uid != os.getuid() or st.st_mode & 0o022:
-                return None
-            return (pickle.load(fh),)
-    except Exception:
+        entry = os.lstat(file.parent)
+        if not stat.S_ISDIR(entry.st_mode) or not _private(entry):
+            return None
+        fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not _private(st):
+            return None
+        try:
+            return (pickle.load(fh),)
+        except Exception:
+            return None
 
 
 def _load(file: Path) -> tuple[pd.DataFrame, dict[str, Any]] | None:
