@@ -259,3 +259,10 @@ def test_map_results_are_not_kept_while_a_plugin_detector_is_registered(tmp_path
     monkeypatch.setattr(registry, "_REGISTRY", {**registry.registered(), "plugin": spec})
     _report(export, tmp_path / "cache")
     assert _map_results(tmp_path / "cache") == []
+
+
+def test_a_fifo_has_no_identity_and_is_not_read(tmp_path):
+    """Computing a key reads the export's first MiB: a FIFO would wait forever, so compute() decides."""
+    fifo = tmp_path / "x.sqlite"
+    os.mkfifo(fifo)
+    assert FrameCache(tmp_path / "cache").value(fifo, "map-x", lambda: "computed") == "computed"

@@ -139,9 +139,11 @@ class FrameCache:
         """
         if not hasattr(os, "getuid"):  # no owners to check (Windows): not kept
             return compute()
-        try:
-            file = self.directory / export_key(path) / f"{_safe(name)}.pickle"
-        except OSError:  # the export is unreadable: compute() says so, in its own words
+        try:  # only a regular file has an identity (reading a FIFO's would wait forever)
+            file = self.directory / export_key(path) / f"{_safe(name)}.pickle" if path.is_file() else None
+        except OSError:
+            file = None
+        if file is None:  # not an export: compute() says so, in its own words
             return compute()
         hit = _load_value(file)
         if hit is not None:
