@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nsysan.ingest.nccl import _pair_point_to_point, participants_by_communicator
+from nsysan.ingest.nccl import _pairs, participants_by_communicator
 
 
 def _by_merge(pts: pd.DataFrame) -> set[tuple[int, int]]:
@@ -18,7 +18,8 @@ def _by_merge(pts: pd.DataFrame) -> set[tuple[int, int]]:
 
 
 def _edges(pts: pd.DataFrame) -> set[tuple[int, int]]:
-    e = _pair_point_to_point(pts)
+    keys = [pts[c].to_numpy(dtype="int64", na_value=-1) for c in ("comm_id", "me", "peer", "seq")]
+    e = _pairs(pts["index"].to_numpy(dtype="int64"), keys)
     assert list(e.columns) == ["i", "j"] and e.dtypes.eq("int64").all()
     return set(zip(e["i"].astype(int), e["j"].astype(int), strict=True))
 

@@ -48,6 +48,7 @@ from nsysan.ingest.nccl import (
     is_communication,
     is_point_to_point,
     participants_by_communicator,
+    same_as_previous,
 )
 from nsysan.ingest.trace import Trace
 from nsysan.memory import release_freed_memory
@@ -285,10 +286,7 @@ def _predecessor(ops: pd.DataFrame) -> np.ndarray:
         cols = [_values(ops[k], rows) for k in keys]
         start = ops["start_ns"].to_numpy()
         order = np.lexsort((start if rows is None else start[rows], *reversed(cols)))  # stable: ties keep op order
-        same = np.ones(len(order) - 1, dtype=bool)
-        for c in cols:
-            c = c[order]
-            same &= c[1:] == c[:-1]
+        same = same_as_previous(cols, order)
         del cols
         at = order if rows is None else rows[order]
         del order

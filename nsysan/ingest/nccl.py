@@ -26,6 +26,7 @@ cross-rank matching from NCCL's payloads (communicator, sequence, peer) is
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -226,33 +227,31 @@ def participants_by_communicator(ops: pd.DataFrame) -> tuple[pd.Series, pd.DataF
     return pd.Series(group, index=ops.index), edges
 
 
+def same_as_previous(keys: Sequence[np.ndarray], order: np.ndarray) -> np.ndarray:
+    """For each row of ``order`` (a sort by ``keys``) after the first: whether it has the keys of the
+    row before it. Runs of True are the groups of a lexsort."""
+    same = np.ones(max(len(order) - 1, 0), dtype=bool)
+    for k in keys:
+        k = k[order]
+        same &= k[1:] == k[:-1]
+    return same
+
+
 def _occurrence(*keys: np.ndarray) -> np.ndarray:
     """Per row, how many rows before it have the same keys (pandas' groupby().cumcount())."""
     order = np.lexsort(keys[::-1])  # stable: equal keys keep their order
     if not len(order):
         return np.zeros(0, dtype=np.int64)
-    first = np.ones(len(order), dtype=bool)  # first of its keys in sorted order
-    for k in keys:
-        k = k[order]
-        first[1:] &= k[1:] == k[:-1]
-    np.logical_not(first, out=first)
-    first[0] = True
-    starts = np.flatnonzero(first)
+    starts = np.flatnonzero(np.append(True, ~same_as_previous(keys, order)))  # first of its keys, sorted
     out = np.empty(len(order), dtype=np.int64)
     out[order] = np.arange(len(order)) - np.repeat(starts, np.diff(np.append(starts, len(order))))
     return out
 
 
-def _pair_point_to_point(pts: pd.DataFrame) -> pd.DataFrame:
-    """Edges (i, j) between the n-th point-to-point op of ``me`` with ``peer`` and the n-th of
-    ``peer`` with ``me`` in one communicator; ``pts``: index (op id), comm_id, me, peer, seq (n)."""
-    keys = [pts[c].to_numpy(dtype="int64", na_value=-1) for c in ("comm_id", "me", "peer", "seq")]
-    return _pairs(pts["index"].to_numpy(dtype="int64"), keys)
-
-
 def _pairs(index: np.ndarray, keys: list[np.ndarray]) -> pd.DataFrame:
-    """:func:`_pair_point_to_point` on arrays: ``keys`` (comm, me, peer, seq; -1: unknown) are
-    consumed, so that their memory is free before the sort's. Packs the four into one integer and
+    """Edges (i, j) between the n-th point-to-point op of ``me`` with ``peer`` and the n-th of
+    ``peer`` with ``me`` in one communicator; ``index``: the ops' ids. ``keys`` (comm, me, peer,
+    seq = n; -1: unknown) are consumed, so that their memory is free before the sort's. Packs the four into one integer and
     matches by sorting: millions of ops at 1,024 ranks, where a four-column merge needs GiBs; keys
     that do not fit in 63 bits, repeat or are unknown go through the merge."""
     comm, me, peer, seq = keys
