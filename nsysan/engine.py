@@ -135,9 +135,14 @@ def open_engine(workers: int | None, scheduler: str | None, paths: Sequence[Path
     # Dask starts workers with MALLOC_TRIM_THRESHOLD_=65536, which hands freed memory back to the
     # kernel at once; a map frees hundreds of MiB of frames per export, and re-faulting them cost
     # +45% CPU per export here (benchmarks/ranks.py). A task's peak bounds a worker's memory anyway.
+    # Dask's statistical profiler samples every worker thread's stack each 10 ms: +9% worker CPU on
+    # the 64-rank job (benchmarks/ranks.py, 82.4 s against 75.7 s), for a profile nobody reads here.
     import dask
 
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+    with dask.config.set({
+        "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+        "distributed.worker.profile.enabled": False,
+    }):  # fmt: skip
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                                silence_logs=logging.ERROR)  # fmt: skip
     with cluster, Client(cluster, set_as_default=False) as client:
