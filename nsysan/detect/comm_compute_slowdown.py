@@ -84,7 +84,7 @@ from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
 from nsysan.detect.registry import param, register
 from nsysan.findings import Finding, Severity
 from nsysan.ingest.frames import unpack_shape
-from nsysan.ingest.nccl import is_communication
+from nsysan.ingest.nccl import NCCL_COLUMNS, is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
 
@@ -176,7 +176,9 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     r = r[r["end_ns"] > r["start_ns"]]
     if r.empty or "correlation_id" not in compute:
         return out
-    calls = trace.launch_calls(compute[["export", "pid", "correlation_id"]].dropna())
+    calls = trace.launch_calls(
+        compute[["export", "pid", "correlation_id"]].dropna(), columns=("tid", "start_ns", "end_ns")
+    )
     calls = calls.dropna(subset=["start_ns", "correlation_id"]).drop_duplicates(["export", "pid", "correlation_id"])
     launch = compute[["export", "pid", "correlation_id"]].merge(
         calls[["export", "pid", "correlation_id", "tid", "start_ns"]],
@@ -277,7 +279,7 @@ def _clock_factors(k: pd.DataFrame, p: Params, expected: pd.Series) -> pd.Series
     """Per kernel: its step's clock factor, the interquartile mean of actual / ``expected`` (per
     position) over the step's clean kernels (as robust as the median, half its noise under jitter);
     1 where the step has too few of them or they disagree."""
-    clean = k[k["clean"]]
+    clean = k.loc[k["clean"], ["dur", "pos", "stepkey"]]  # the columns only: k is wide
     ratio = (clean["dur"] / clean["pos"].map(expected)).dropna()
     step = clean.loc[ratio.index, "stepkey"]
     g = ratio.groupby(step)
@@ -313,16 +315,22 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
         return None
     kernels = kernels.astype({"device": "int64"})
     comm = _communication(trace, kernels)
-    compute = kernels[~is_communication(kernels)].reset_index(drop=True)
+    # compute kernels without the NCCL columns, and the whole frame let go: each copy of a
+    # 1M-kernel frame below is ~100 MiB, and the detector's peak is the copies alive at once
+    own = [c for c in kernels.columns if c not in NCCL_COLUMNS]
+    compute = kernels.loc[~is_communication(kernels), own].reset_index(drop=True)
+    del kernels
     if comm.empty or compute.empty:
         return None
     dur = (compute["end_ns"] - compute["start_ns"]).to_numpy(dtype=np.int64)
     covered = _coverage(compute, comm)
     share = covered / np.maximum(dur, 1)[:, None]
     mask = ((share >= p.overlap_share) * (1 << np.arange(len(CLASSES)))).sum(axis=1)
+    positions = _positions(trace, compute)
     k = compute.assign(dur=dur, clean=covered.sum(axis=1) == 0, cls=mask,
                        grid=compute["grid"].fillna(-1), block=compute["block"].fillna(-1))  # fmt: skip
-    k = pd.concat([k, _positions(trace, compute)], axis=1)
+    del compute, covered, share
+    k = pd.concat([k, positions], axis=1)
     k["sig"] = k.groupby(["name", "grid", "block"], observed=True, dropna=False).ngroup()
     k = k.sort_values(["export", "device", "start_ns"], kind="stable")
     placed = k["step"] >= 0
@@ -332,13 +340,13 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
 
     # clock factors against raw medians (a capped step's own instance cannot move a median of 3),
     # then once more against the baselines those factors give
-    clean = k[k["clean"]].groupby("pos")["dur"]
+    clean = k.loc[k["clean"], ["pos", "dur"]].groupby("pos")["dur"]
     k["factor"] = _clock_factors(k, p, clean.median()[clean.size() >= max(p.min_samples, 3)])
     k["corrected"] = k["dur"] / k["factor"]
-    first = _clean_stats(k[k["clean"]], "corrected")
+    first = _clean_stats(k.loc[k["clean"], ["pos", "corrected"]], "corrected")
     k["factor"] = _clock_factors(k, p, first["expected"][first["n"] >= max(p.min_samples, 3)])
     k["corrected"] = k["dur"] / k["factor"]
-    stats = _clean_stats(k[k["clean"]], "corrected")
+    stats = _clean_stats(k.loc[k["clean"], ["pos", "corrected"]], "corrected")
     stats = stats[(stats["n"] >= p.min_samples) & (stats["hi"] - stats["lo"] <= p.baseline_spread * stats["expected"])]
     k = k.join(stats[["expected", "hi"]], on="pos")
     judged = (k["cls"] > 0) & k["expected"].notna()

@@ -220,25 +220,40 @@ class Trace:
     def cuda_api(self) -> pd.DataFrame:
         return self._frame("cuda_api")
 
-    def launch_calls(self, kernels: pd.DataFrame) -> pd.DataFrame:
-        """The CUDA API calls that launched ``kernels``: cuda_api rows with their correlation ids.
+    def launch_calls(self, kernels: pd.DataFrame, columns: Sequence[str] | None = None) -> pd.DataFrame:
+        """The CUDA API calls that launched ``kernels``: cuda_api rows with their correlation ids
+        (every column, or ``export``, ``pid``, ``correlation_id`` and ``columns``).
 
-        Uses the cuda_api frame when it is loaded; otherwise reads only the matching rows.
+        Uses the cuda_api frame when it is loaded; otherwise reads only the matching rows. With
+        ``columns``, and ``kernels`` launched by at least half of an export's calls (compute kernels
+        are most launches), that export's calls are read whole and picked in numpy: SQLite's
+        ``IN`` over a million ids cost more than reading every row (0.73 s against 0.27-0.55 s
+        for 1M launches here).
         """
+        keys = ["export", "pid", "correlation_id"]
         if "cuda_api" in self._frames:
-            keys = kernels[["export", "pid", "correlation_id"]].drop_duplicates()
-            return self.cuda_api.merge(keys, on=["export", "pid", "correlation_id"])
+            calls = self.cuda_api if columns is None else self.cuda_api[[*keys, *columns, "rank"]]
+            return calls.merge(kernels[keys].drop_duplicates(), on=keys)
         ids = kernels.groupby("export")["correlation_id"].unique()
+        launches = kernels[keys].dropna().drop_duplicates().groupby("export").size()  # calls matched, at most
         none = np.array([], dtype=np.int64)
+        read_columns = None if columns is None else ["pid", "correlation_id", *columns]
 
         def matching(x: NsysExport) -> pd.DataFrame:
             index = self._exports.index(x)
             wanted = ids[index] if index in ids.index else none
-            read = functools.partial(frames.read_frame, frame="cuda_api", correlation_ids=wanted)
+            unique = np.unique(pd.Series(wanted).dropna().astype("int64").to_numpy())
+            calls = self.count_in_export(index, "runtime") + self.count_in_export(index, "driver")
+            if read_columns is not None and 2 * int(launches.get(index, 0)) >= calls:
+                read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns)
+                name = "cuda_api." + hashlib.sha256(" ".join(read_columns).encode()).hexdigest()[:16]
+                every = read(x) if self._cache is None else self._read(x, name, read)
+                return every[every["correlation_id"].isin(unique)].reset_index(drop=True)
+            read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns,
+                                     correlation_ids=wanted)  # fmt: skip
             if self._cache is None:
                 return read(x)
-            unique = np.unique(pd.Series(wanted).dropna().astype("int64").to_numpy())
-            digest = hashlib.sha256(unique.tobytes()).hexdigest()[:16]
+            digest = hashlib.sha256(unique.tobytes() + " ".join(read_columns or []).encode()).hexdigest()[:16]
             return self._read(x, f"cuda_api.launches.{digest}", read)
 
         return self._gather(matching)
