@@ -185,6 +185,7 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
         how="left",
         on=["export", "pid", "correlation_id"],
     )
+    del calls
     text = r["text"].astype(str)
     norm = text.map(dict(zip(pd.unique(text), (re.sub(r"\d+", "#", t) for t in pd.unique(text)), strict=True)))
     r = r.assign(norm=norm.to_numpy(dtype=object), raw=text.to_numpy(dtype=object))
@@ -192,6 +193,7 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     step_text = np.full(n, "", dtype=object)
     path = np.full(n, "", dtype=object)
     points = launch.dropna(subset=["tid", "start_ns"])
+    del launch
     by_thread = points.groupby(["export", "pid", "tid"]).indices
     next_id = 0
     for key, ranges in r.groupby(["export", "pid", "tid"]):  # threads with ranges: a handful

@@ -234,23 +234,21 @@ class Trace:
         if "cuda_api" in self._frames:
             calls = self.cuda_api if columns is None else self.cuda_api[[*keys, *columns, "rank"]]
             return calls.merge(kernels[keys].drop_duplicates(), on=keys)
-        ids = kernels.groupby("export")["correlation_id"].unique()
-        launches = kernels[keys].dropna().drop_duplicates().groupby("export").size()  # calls matched, at most
-        none = np.array([], dtype=np.int64)
+        export = kernels["export"].to_numpy()
         read_columns = None if columns is None else ["pid", "correlation_id", *columns]
 
         def matching(x: NsysExport) -> pd.DataFrame:
             index = self._exports.index(x)
-            wanted = ids[index] if index in ids.index else none
-            unique = np.unique(pd.Series(wanted).dropna().astype("int64").to_numpy())
+            wanted = kernels["correlation_id"][export == index].dropna().astype("int64").to_numpy()
             calls = self.count_in_export(index, "runtime") + self.count_in_export(index, "driver")
-            if read_columns is not None and 2 * int(launches.get(index, 0)) >= calls:
+            if read_columns is not None and 2 * len(wanted) >= calls:  # a kernel has one launch, at most
                 read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns)
                 name = "cuda_api." + hashlib.sha256(" ".join(read_columns).encode()).hexdigest()[:16]
                 every = read(x) if self._cache is None else self._read(x, name, read)
-                return every[every["correlation_id"].isin(unique)].reset_index(drop=True)
+                return every[every["correlation_id"].isin(wanted)].reset_index(drop=True)
+            unique = np.unique(wanted)
             read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns,
-                                     correlation_ids=wanted)  # fmt: skip
+                                     correlation_ids=unique)  # fmt: skip
             if self._cache is None:
                 return read(x)
             digest = hashlib.sha256(unique.tobytes() + " ".join(read_columns or []).encode()).hexdigest()[:16]
