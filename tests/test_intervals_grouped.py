@@ -118,3 +118,16 @@ def test_segment_ids_number_each_row_with_its_merged_interval(df, gap):
     for (i, row), segment in zip(df.iterrows(), ids, strict=True):
         k1, k2, lo, hi = merged[int(segment)]
         assert (k1, k2) == (row["rank"], row["device"]) and lo <= row["start_ns"] and row["end_ns"] <= hi, i
+
+
+@given(two_key_intervals(), st.integers(0, 5), st.booleans())
+@settings(max_examples=150, deadline=None)
+def test_merge_of_plain_int64_times_equals_the_general_path(df, gap, categorical):
+    """int64 times take merge's reduceat path; nullable ones its groupby: the same intervals, in the
+    same order, with the keys' own dtypes (a missing rank, a categorical device)."""
+    keyed = df.assign(rank=df["rank"].astype("Int64").mask(df["start_ns"] % 7 == 0))
+    if categorical:
+        keyed["device"] = keyed["device"].astype(str).astype("category")
+    fast = merge(keyed, ["rank", "device"], gap)
+    general = merge(keyed.astype({"start_ns": "Int64", "end_ns": "Int64"}), ["rank", "device"], gap)
+    pd.testing.assert_frame_equal(fast, general.astype({"start_ns": "int64", "end_ns": "int64"}))
