@@ -10,7 +10,7 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -298,9 +298,15 @@ def diff(
         inputs |= {p.resolve() for arg in (before, after) if Path(arg).suffix != ".json" for p in expand_inputs([arg])}
         if output.resolve() in inputs:
             raise InputError(f"{output}: is one of the inputs; choose another --output file")
-    sides = [
-        load_side(arg, settings=overrides, step_pattern=step_pattern or DEFAULT_STEP_PATTERN) for arg in (before, after)
-    ]
+    from nsysan.engine import Serial, analyse_files
+
+    pattern = step_pattern or DEFAULT_STEP_PATTERN
+
+    def analyse_traces(arg: str) -> dict[str, Any]:  # as `report` does: map results kept in the cache
+        return analyse_files([arg], overrides, Serial(), pattern)
+
+    sides = [load_side(arg, settings=overrides, step_pattern=pattern, analyse_traces=analyse_traces)
+             for arg in (before, after)]  # fmt: skip
     doc = diff_documents(*sides, labels=(before, after))
     if not doc["comparable"]["ok"] and not force:
         raise NotComparable(

@@ -266,3 +266,26 @@ def test_a_fifo_has_no_identity_and_is_not_read(tmp_path):
     fifo = tmp_path / "x.sqlite"
     os.mkfifo(fifo)
     assert FrameCache(tmp_path / "cache").value(fifo, "map-x", lambda: "computed") == "computed"
+
+
+def test_second_diff_of_the_same_captures_reads_no_export(tmp_path, export, monkeypatch):
+    after = tmp_path / "after.sqlite"
+    shutil.copy(REPO / "fixtures" / "samples" / "allreduce-2rank.sqlite", after)
+    args = ["diff", str(export), str(after), "--format", "json", "--cache", str(tmp_path / "cache")]
+    cold = runner.invoke(app, args)
+    assert cold.exit_code == 0, cold.output
+    assert len(_map_results(tmp_path / "cache")) == 2  # diff keeps map results as report does
+
+    def no_reading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an export was read again")
+
+    monkeypatch.setattr("nsysan.engine.load_trace", no_reading)
+    monkeypatch.setattr("nsysan.engine.NsysExport", no_reading)
+    monkeypatch.setattr("nsysan.ingest.load_trace", no_reading)
+    warm = runner.invoke(app, args)
+    assert warm.exit_code == 0, warm.output
+    assert warm.stdout == cold.stdout
+    # and a diff without the cache computes the same document
+    monkeypatch.undo()
+    fresh = runner.invoke(app, [*args[:-2], "--no-cache"])
+    assert fresh.exit_code == 0 and fresh.stdout == cold.stdout

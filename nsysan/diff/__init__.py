@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,12 @@ from nsysan.errors import InputError
 
 
 def load_side(arg: str, *, settings: dict[str, dict[str, float]] | None = None,
-              step_pattern: str = DEFAULT_STEP_PATTERN) -> dict[str, Any]:  # fmt: skip
+              step_pattern: str = DEFAULT_STEP_PATTERN,
+              analyse_traces: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     """One side of a diff: a saved ``report --format json`` document, or the traces ``arg`` names
-    (a file, a directory of per-rank exports, a glob) analysed and profiled now."""
+    (a file, a directory of per-rank exports, a glob) analysed and profiled now: by
+    ``analyse_traces`` when given (the CLI's engine, which keeps map results in the cache, so a
+    second diff of the same capture does not analyse it again), else in this process."""
     path = Path(arg)
     if path.suffix == ".json" and path.is_file():
         try:
@@ -48,9 +51,12 @@ def load_side(arg: str, *, settings: dict[str, dict[str, float]] | None = None,
     from nsysan.ingest import load_trace
 
     manifest = read_manifest(arg)
-    with load_trace([arg]) as trace:
-        doc = analyse(trace, settings)
-        doc["profile"] = build_profile(trace, step_pattern, doc["summary"])
+    if analyse_traces is not None:
+        doc = analyse_traces(arg)
+    else:
+        with load_trace([arg]) as trace:
+            doc = analyse(trace, settings)
+            doc["profile"] = build_profile(trace, step_pattern, doc["summary"])
     if manifest is not None:
         doc["capture"] = manifest
     return doc
