@@ -148,3 +148,46 @@ def test_exports_without_kernels_or_sizes_merge_to_the_overview(tmp_path):
     assert_same(got, want)
     assert {str(b) for b in got.nccl["bytes"]} == {str(64 * 2**20), "unknown"}
     assert any(n.startswith("No CUDA data in 2 of 4 exports") for n in got.limitations), got.limitations
+
+
+def _concat_by_union_categoricals(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The oracle: each part's column made a categorical of text categories, then pandas'
+    union_categoricals (categories in order of appearance, empty categorical parts included)."""
+    columns = list(frames[0].columns)
+    cats = [c for c in columns if any(isinstance(f[c].dtype, pd.CategoricalDtype) for f in frames)]
+    rows = [f for f in frames if len(f)]
+    out = pd.concat([f.drop(columns=cats) for f in rows], ignore_index=True) if rows else \
+        frames[0].iloc[0:0].drop(columns=cats).reset_index(drop=True)  # fmt: skip
+    for c in cats:
+        parts = []
+        for f in frames:
+            if len(f) or isinstance(f[c].dtype, pd.CategoricalDtype):
+                a = f[c].array if isinstance(f[c].dtype, pd.CategoricalDtype) else pd.Categorical(f[c].astype(object))
+                parts.append(pd.Categorical.from_codes(a.codes, categories=pd.Index(a.categories.astype(str))))
+        out[c] = pd.api.types.union_categoricals(parts, ignore_order=True)
+    return out[columns]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_parts_concatenate_as_union_categoricals_would(seed):
+    """Parts of a 1,024-export job are merged with one concat and a re-coding of categories; the
+    result must be what unioning each part's categoricals gives, dtypes and category order too."""
+    import numpy as np
+
+    from nsysan.overview import _concat
+
+    rng = np.random.default_rng(seed)
+    names = ["gemm", "nccl", "copy", "softmax", "7", "reduce"]
+    frames = []
+    for export in range(int(rng.integers(2, 6))):
+        n = int(rng.integers(0, 5))
+        cats = list(rng.choice(names, size=int(rng.integers(1, 5)), replace=False))
+        values = [cats[i] if rng.random() > 0.2 else None for i in rng.integers(0, len(cats), n)]
+        kernel = pd.Series(pd.Categorical(values, categories=cats))
+        if rng.random() < 0.2:  # a part whose column is plain text (no kernels read as categorical)
+            kernel = kernel.astype(object)
+        frames.append(pd.DataFrame({"export": np.int64(export), "kernel": kernel,
+                                    "count": rng.integers(1, 9, n), "bytes": pd.array(rng.integers(0, 4, n), "Int64")}))  # fmt: skip
+    if not any(isinstance(f["kernel"].dtype, pd.CategoricalDtype) for f in frames):
+        frames[0]["kernel"] = frames[0]["kernel"].astype("category")
+    pd.testing.assert_frame_equal(_concat(frames), _concat_by_union_categoricals(frames))
