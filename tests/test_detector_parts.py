@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from fixtures.samples import sample_paths
 from nsysan.detect import DetectorParts, map_detectors, reduce_detectors, run_detectors
 from nsysan.detect.nccl_ordering_stall import KIND
 from nsysan.detect.runner import _take_tables
 from nsysan.ingest import load_trace
+from nsysan.ingest.frames import concat_frames
 
 
 def _parts(sample: str = "allreduce-4rank-2022.4") -> list[DetectorParts]:
@@ -49,3 +52,44 @@ def test_reduce_after_the_join_gives_the_serial_findings():
         serial = [f.title for f in run_detectors(trace)]
         clock = [int(c) for c in trace.job_clock()]
     assert [f.title for f in reduce_detectors(_parts(), clock)] == serial
+
+
+def _concat_by_union_categoricals(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """The oracle: pandas' own concat, and union_categoricals over the non-empty parts' columns."""
+    rows = [p for p in parts if len(p)]
+    cats = [c for c in rows[0].columns if any(isinstance(p[c].dtype, pd.CategoricalDtype) for p in rows)]
+    out = pd.concat([p.drop(columns=cats) for p in rows], ignore_index=True)
+    for c in cats:
+        arrays = []
+        for p in rows:
+            a = p[c].array if isinstance(p[c].dtype, pd.CategoricalDtype) else pd.Categorical(p[c].astype(object))
+            arrays.append(pd.Categorical.from_codes(a.codes, categories=pd.Index(a.categories.astype(str))))
+        out[c] = pd.api.types.union_categoricals(arrays, ignore_order=True)
+    return out[list(rows[0].columns)]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_join_of_parts_is_pandas_concat_with_unioned_categories(seed):
+    """The coordinator's join (concat_frames) takes a column at a time; it must give what pandas'
+    concat and union_categoricals give: promoted integer widths, nullable columns, names whose
+    categories differ in content and order between exports, parts with no rows."""
+    rng = np.random.default_rng(seed)
+    names = ["ncclDevKernel_SendRecv", "ncclDevKernel_AllReduce", "ncclDevKernel_AllGather", "7"]
+    parts = []
+    for export in range(int(rng.integers(2, 7))):
+        n = int(rng.integers(0, 6))
+        cats = list(rng.choice(names, size=int(rng.integers(1, 4)), replace=False))
+        values = [cats[i] if rng.random() > 0.15 else None for i in rng.integers(0, len(cats), n)]
+        name = pd.Series(pd.Categorical(values, categories=cats))
+        if rng.random() < 0.15:
+            name = name.astype(object)
+        width = [np.int8, np.int16, np.int32, np.int64][int(rng.integers(0, 4))]
+        parts.append(pd.DataFrame({
+            "export": np.int16(export), "short_name": name, "seq": np.arange(n).astype(width),
+            "comm": pd.array(rng.integers(0, 9, n), dtype="Int32").copy(), "start": rng.integers(0, 10**12, n),
+        }))  # fmt: skip
+    if sum(len(p) > 0 for p in parts) < 2:
+        return  # one part with rows is returned as it is
+    if not any(isinstance(p["short_name"].dtype, pd.CategoricalDtype) for p in parts if len(p)):
+        parts[0]["short_name"] = parts[0]["short_name"].astype("category")
+    pd.testing.assert_frame_equal(concat_frames(parts), _concat_by_union_categoricals(parts))
