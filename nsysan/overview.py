@@ -88,7 +88,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     One ``pd.concat`` of the whole frames (categories that differ come out as plain values), then
     each categorical column re-coded against the union of the parts' categories, read from their
     dtypes: a job of 1,024 exports merges 1,024 parts of every table, and a column taken out of
-    each part costs more than the part's rows (3.1 s a merge at 1,024 exports, 0.3 s this way).
+    each part costs more than the part's rows (1,024 parts: 3.07 s that way, 1.04 s this way).
     """
     if len(frames) == 1:
         return frames[0].reset_index(drop=True)
