@@ -240,8 +240,9 @@ class Trace:
         def matching(x: NsysExport) -> pd.DataFrame:
             index = self._exports.index(x)
             wanted = kernels["correlation_id"][export == index].dropna().astype("int64").to_numpy()
-            calls = self.count_in_export(index, "runtime") + self.count_in_export(index, "driver")
-            if read_columns is not None and 2 * len(wanted) >= calls:  # a kernel has one launch, at most
+            if read_columns is not None and 2 * len(wanted) >= (  # a kernel has one launch, at most
+                self.count_in_export(index, "runtime") + self.count_in_export(index, "driver")
+            ):
                 read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns)
                 name = "cuda_api." + hashlib.sha256(" ".join(read_columns).encode()).hexdigest()[:16]
                 every = read(x) if self._cache is None else self._read(x, name, read)
