@@ -95,8 +95,11 @@ def by_position(ops: pd.DataFrame, tol_ns: int, tol_share: float, min_iterations
         return pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")
     ordered = ops.sort_values("a_start", kind="stable")
     position = ordered.groupby(["export", "pid", "stream", "iteration"], sort=False).cumcount().reindex(ops.index)
-    slot_key = pd.MultiIndex.from_arrays([ops["rank"], ops["stream"], position, ops["short_name"].astype(str)])
-    slot = pd.Series(pd.factorize(slot_key)[0], index=ops.index)
+    # numbered in order of first appearance, as factorizing the (rank, stream, position, name)
+    # tuples would, in a tenth of the time (names stay categorical codes)
+    slot_key = pd.DataFrame({"rank": ops["rank"], "stream": ops["stream"], "position": position,
+                             "name": ops["short_name"]})  # fmt: skip
+    slot = slot_key.groupby(list(slot_key.columns), sort=False, dropna=False, observed=True).ngroup()
     cand = _candidates(ops, tol_ns, tol_share, reach)
     cand = cand.assign(si=slot.loc[cand["i"]].to_numpy(), sj=slot.loc[cand["j"]].to_numpy())
     agree = cand.drop_duplicates(["si", "sj", "i"]).groupby(["si", "sj"]).size().rename("agree")
