@@ -179,7 +179,12 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     calls = trace.launch_calls(
         compute[["export", "pid", "correlation_id"]].dropna(), columns=("tid", "start_ns", "end_ns")
     )
-    points = _launched(compute, calls.dropna(subset=["start_ns", "correlation_id"]))
+    calls = calls.dropna(subset=["start_ns", "correlation_id"]).drop_duplicates(["export", "pid", "correlation_id"])
+    launch = compute[["export", "pid", "correlation_id"]].merge(
+        calls[["export", "pid", "correlation_id", "tid", "start_ns"]],
+        how="left",
+        on=["export", "pid", "correlation_id"],
+    )
     del calls
     text = r["text"].astype(str)
     norm = text.map(dict(zip(pd.unique(text), (re.sub(r"\d+", "#", t) for t in pd.unique(text)), strict=True)))
@@ -187,6 +192,8 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     step = out["step"].to_numpy().copy()
     step_text = np.full(n, "", dtype=object)
     path = np.full(n, "", dtype=object)
+    points = launch.dropna(subset=["tid", "start_ns"])
+    del launch
     by_thread = points.groupby(["export", "pid", "tid"]).indices
     next_id = 0
     for key, ranges in r.groupby(["export", "pid", "tid"]):  # threads with ranges: a handful
@@ -202,33 +209,6 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
         path[rows] = found["path"][inside]
         next_id += len(ranges)
     return pd.DataFrame({"step": step, "step_text": step_text, "path": path})
-
-
-def _launched(compute: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
-    """The compute kernels with a launch call in ``calls``: (export, pid, tid, start_ns) of the
-    call, indexed by the kernel's position in ``compute`` (the first call where ids repeat).
-
-    Keys are packed into one int64 each ((export, pid) numbered, then the 32-bit correlation id)
-    and matched in numpy: a merge on three columns of a million launches cost 0.5 s of the
-    detector. Ids outside 32 bits (a damaged export) take the merge."""
-    keys = ["export", "pid", "correlation_id"]
-    wanted = compute[keys].reset_index(drop=True).dropna()  # indexed by position
-    ids = [wanted["correlation_id"].to_numpy(dtype=np.int64), calls["correlation_id"].to_numpy(dtype=np.int64)]
-    if any(len(i) and (i.min() < 0 or i.max() >= 1 << 32) for i in ids):
-        calls = calls.drop_duplicates(keys)
-        launch = wanted.reset_index().merge(calls[[*keys, "tid", "start_ns"]], on=keys).set_index("index")
-        return launch[["export", "pid", "tid", "start_ns"]].rename_axis(None)
-    export, pid = (np.concatenate([wanted[c].to_numpy(dtype=np.int64), calls[c].to_numpy(dtype=np.int64)])
-                   for c in ("export", "pid"))  # fmt: skip
-    number = pd.factorize(export << 24 | pid)[0].astype(np.int64) << 32  # decoded pids have 24 bits
-    packed = number[: len(wanted)] | ids[0], number[len(wanted) :] | ids[1]
-    first = ~pd.Series(packed[1]).duplicated().to_numpy()
-    at = pd.Index(packed[1][first]).get_indexer(packed[0])
-    hit = at >= 0
-    chosen = calls[first].iloc[at[hit]]
-    return pd.DataFrame({"export": wanted["export"].to_numpy()[hit], "pid": wanted["pid"].to_numpy()[hit],
-                         "tid": chosen["tid"].to_numpy(), "start_ns": chosen["start_ns"].to_numpy()},
-                        index=wanted.index[hit])  # fmt: skip
 
 
 def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
