@@ -11,6 +11,8 @@ generator of benchmarks/ingest.py) an 8-rank export, then times in fresh child p
 * report cold:     ``nsysan report --format json`` with an empty frame cache (it fills it);
 * report cached:   the same again, reading the cache;
 * report no-cache: ``--no-cache``.
+* phases:          the no-cache report's steps timed in one process (CPU seconds): where the time
+                   goes between the floors and the report.
 
 Each row: wall and CPU seconds and the child's peak RSS (``os.wait4``'s rusage of that child
 alone). Then the ratios against the targets (cold report faster than nsys stats and within 2x of
@@ -95,6 +97,44 @@ def slope(points: list[tuple[float, float]]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else None
 
 
+# The steps of ``nsysan report --no-cache --format json`` on one export, in the order the report
+# runs them, each timed on its own (a read is timed where it first happens, as in the report).
+_PHASES = """
+import json, sys, time
+clock = time.process_time
+t = clock()
+from nsysan.analysis import ExportResult, reduce_job
+from nsysan.diff.profile import DEFAULT_STEP_PATTERN, profile_part
+from nsysan.ingest import load_trace
+from nsysan.overview import KERNEL_COLUMNS, overview_part
+from nsysan.detect import map_detectors
+from nsysan.report.renderers import render_json
+spent = {"imports": clock() - t}
+def step(name, fn):
+    t = clock(); out = fn(); spent[name] = spent.get(name, 0.0) + clock() - t; return out
+with load_trace([sys.argv[1]], cache=None) as job:
+    ranks = step("ranks", lambda: job.ranks)
+    one = job.export_alone(0)
+    step("read kernels", lambda: one.kernel_columns(KERNEL_COLUMNS))  # the overview reads first
+    step("read NVTX", lambda: one.nvtx)
+    step("read copies, sets, NCCL calls", lambda: (one.memcpy, one.memset, one.nccl_calls))
+    overview = step("overview", lambda: overview_part(one).with_export(0))
+    detectors = step("detectors (map)", lambda: map_detectors(one).with_export(0))
+    profile = step("diff profile (map)", lambda: profile_part(one, DEFAULT_STEP_PATTERN))
+    result = ExportResult(one.exports[0], overview, detectors, profile)
+    doc = step("reduce", lambda: reduce_job([result], ranks, [], None))
+    step("render JSON", lambda: render_json(doc))
+print(json.dumps(spent))
+"""
+
+
+def phases(py: str, path: Path) -> dict[str, float]:
+    """CPU seconds of each step of a no-cache report of ``path`` (one export), in a fresh process."""
+    out = subprocess.run([py, "-c", _PHASES, str(path)], capture_output=True, text=True, check=True, cwd=REPO)
+    spent: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return spent
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,2,4,8", help="millions of kernels, comma-separated")
@@ -153,7 +193,11 @@ def main() -> None:
             + f"cached/cold {ratios['cached_over_cold_cpu']:.2f} (target <= 0.20), "
             f"RSS/file {ratios['cold_rss_over_file_size']:.2f} (target <= 1)"
         )
-        results.append({"kernels": kernels, "file_mib": round(mib, 1), "runs": row, "ratios": ratios})
+        spent = phases(py, path)
+        print("  phases of the no-cache report (CPU s): " + ", ".join(f"{k} {v:.2f}" for k, v in spent.items())
+              + f"; sum {sum(spent.values()):.2f}")  # fmt: skip
+        results.append({"kernels": kernels, "file_mib": round(mib, 1), "runs": row, "ratios": ratios,
+                        "phases": spent})  # fmt: skip
     points = {
         name: slope([(r["kernels"], r["runs"][name]["cpu_s"]) for r in results])
         for name in ("report cold", "report cached", "arrow fetch", "sqlite GROUP BY")
