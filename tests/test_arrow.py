@@ -37,6 +37,28 @@ def test_arrow_and_sqlite3_paths_give_identical_frames(path, monkeypatch):
         pd.testing.assert_frame_equal(arrow[name], plain[name], obj=name)
 
 
+def test_arrow_and_sqlite3_paths_give_identical_frames_on_real_exports(realtraces, nsysai_traces, monkeypatch):
+    """Every frame of the 21 real exports (nsys 2020.3-2026.2): text, payloads and NULLs as they
+    occur in captures, not only as the samples write them."""
+    for name, path in {**realtraces, **nsysai_traces}.items():
+        arrow, plain = all_frames(path, monkeypatch, True), all_frames(path, monkeypatch, False)
+        for frame in plain:
+            pd.testing.assert_frame_equal(arrow[frame], plain[frame], obj=f"{name}: {frame}")
+
+
+def test_arrow_path_reads_text_and_reals(monkeypatch):
+    """A mixed SELECT (text, REAL, NULLs) comes through Arrow, typed as the sqlite3 path types it."""
+    sql = ("SELECT rowid AS id, CAST(text AS TEXT) AS text, doubleValue AS real, "
+           "CASE WHEN rowid % 2 THEN NULL ELSE rowid END AS some_null, NULL AS none FROM NVTX_EVENTS")  # fmt: skip
+    with NsysExport(SAMPLES[0]) as x:
+        read = x._arrow_frame(sql)
+    monkeypatch.setenv("NSYSAN_ARROW", "0")
+    with NsysExport(SAMPLES[0]) as x:
+        plain = x.query(sql)
+    assert read is not None and len(read) > 1
+    pd.testing.assert_frame_equal(read, plain)
+
+
 def test_arrow_path_is_used_for_integer_reads(tmp_path):
     with NsysExport(SAMPLES[0]) as x:
         df = x.query(f"SELECT start AS s, end AS e FROM {KERNELS}", integers=True)

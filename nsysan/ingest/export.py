@@ -198,14 +198,15 @@ class NsysExport:
         int64 array, several times cheaper than pandas' per-column object conversion; if a value
         is not an integer after all, the query is read again the general way.
 
-        Integer reads go first through Arrow (:meth:`_arrow_ints`): SQLite's values land in int64
-        arrays in C, with no Python object per value; anything it cannot read that way (a NULL, a
-        REAL or text value, a damaged file, no ADBC driver installed) is read by the path above.
+        Reads go first through Arrow: SQLite's values land in Arrow arrays in C, with no Python
+        object per value. Integer reads (:meth:`_arrow_ints`) become one int64 block; others
+        (:meth:`_arrow_frame`) columns typed as the path above would type them. Anything Arrow
+        cannot read so (a type that changes down a column, a damaged file, text that is not UTF-8,
+        no ADBC driver installed) is read by the path above.
         """
-        if integers:
-            df = self._arrow_ints(sql, params)
-            if df is not None:
-                return df
+        df = self._arrow_ints(sql, params) if integers else self._arrow_frame(sql, params)
+        if df is not None:
+            return df
         try:
             dbapi = self._connection().connection.dbapi_connection
             assert dbapi is not None, "an open SQLAlchemy connection holds its DBAPI connection"
@@ -242,13 +243,9 @@ class NsysExport:
             return pd.DataFrame({n: np.ascontiguousarray(block[:, i]) for i, n in enumerate(names)}, copy=False)
         return chunks[0] if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
 
-    def _arrow_ints(self, sql: str, params: tuple[object, ...] = ()) -> pd.DataFrame | None:
-        """An all-integer SELECT read through Arrow into one int64 block, or None where a value is
-        not a non-NULL integer (Arrow would type it otherwise) or the read failed.
-
-        Record batches are copied into the block one at a time and let go, so the peak is the
-        columns once in Arrow plus once in numpy, and pandas takes the block without a copy.
-        """
+    def _arrow_batches(self, sql: str, params: tuple[object, ...]) -> tuple[Any, list[Any]] | None:
+        """The SELECT's schema and record batches through ADBC's SQLite driver, or None where the
+        read failed (the caller then reads through sqlite3, which decides what is wrong)."""
         if self._arrow is False:
             return None
         try:
@@ -263,16 +260,28 @@ class NsysExport:
         try:
             cursor.execute(sql, params or None)
             reader = cursor.fetch_record_batch()
-            names = list(reader.schema.names)
-            batches = list(reader)
+            return reader.schema, list(reader)
         except Exception:  # a type change mid-table, a damaged page: the sqlite3 path decides
             return None
         finally:
             cursor.close()
+
+    def _arrow_ints(self, sql: str, params: tuple[object, ...] = ()) -> pd.DataFrame | None:
+        """An all-integer SELECT read through Arrow into one int64 block, or None where a value is
+        not a non-NULL integer (Arrow would type it otherwise) or the read failed.
+
+        Record batches are copied into the block one at a time and let go, so the peak is the
+        columns once in Arrow plus once in numpy, and pandas takes the block without a copy.
+        """
+        read = self._arrow_batches(sql, params)
+        if read is None:
+            return None
+        schema, batches = read
+        names = list(schema.names)
         rows = sum(b.num_rows for b in batches)
         if rows == 0:  # no rows: Arrow cannot know the types, the frame is int64 as before
             return pd.DataFrame({name: np.array([], dtype=np.int64) for name in names})
-        if any(str(t) != "int64" for t in reader.schema.types) or any(c.null_count for b in batches for c in b.columns):
+        if any(str(t) != "int64" for t in schema.types) or any(c.null_count for b in batches for c in b.columns):
             return None
         block = np.empty((len(names), rows), dtype=np.int64)
         at = 0
@@ -285,6 +294,39 @@ class NsysExport:
         del batch, column
         _release_arrow_memory()
         return pd.DataFrame(block.T, columns=names, copy=False)
+
+    def _arrow_frame(self, sql: str, params: tuple[object, ...] = ()) -> pd.DataFrame | None:
+        """A SELECT of any columns read through Arrow, each typed as ``DataFrame.from_records``
+        types the sqlite3 path's rows: int64 (float64 with NaN where some are NULL; None objects
+        where all are), float64, pandas' ``str`` for text. None for anything else, for text that is
+        not UTF-8, or when decoding with replacement characters was needed before.
+
+        NVTX's text and payload columns took that path at about 3 us a row; real PyTorch captures
+        hold two to five NVTX events per kernel.
+        """
+        if self._replace_bad_utf8:
+            return None
+        read = self._arrow_batches(sql, params)
+        if read is None:
+            return None
+        import pyarrow as pa
+
+        schema, batches = read
+        names = list(schema.names)
+        if not batches or sum(b.num_rows for b in batches) == 0:  # as the sqlite3 path: object columns
+            return pd.DataFrame({name: pd.Series(dtype="object") for name in names})
+        try:
+            table = pa.Table.from_batches(batches, schema=schema)
+            del batches
+            table.validate(full=True)  # text that is not UTF-8 fails here, not in a detector
+            columns = {name: _from_arrow(table.column(i)) for i, name in enumerate(names)}
+        except (pa.ArrowException, ValueError):
+            return None
+        del table
+        if any(c is None for c in columns.values()):
+            return None
+        _release_arrow_memory()
+        return pd.DataFrame(columns, columns=names, copy=False)
 
     def scalar(self, sql: str, params: tuple[object, ...] = ()) -> object:
         try:
@@ -392,6 +434,25 @@ class NsysExport:
             if sep:
                 env[key] = value.strip('"')
         return env
+
+
+def _from_arrow(column: Any) -> np.ndarray | pd.api.extensions.ExtensionArray | None:
+    """One column of :meth:`NsysExport._arrow_frame` as the sqlite3 path would type it, or None."""
+    import pyarrow as pa
+
+    n, nulls = len(column), column.null_count
+    if pa.types.is_int64(column.type):
+        if nulls == n:
+            return np.full(n, None, dtype=object)
+        values: np.ndarray = column.to_numpy() if nulls == 0 else column.to_numpy().astype(np.float64)
+        return values
+    if pa.types.is_float64(column.type):
+        floats: np.ndarray = column.to_numpy()
+        return floats
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        text: pd.api.extensions.ExtensionArray = pd.array(column, dtype=pd.StringDtype(na_value=np.nan))
+        return text
+    return None
 
 
 def _release_arrow_memory() -> None:
