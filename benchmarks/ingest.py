@@ -34,7 +34,13 @@ from fixtures.exporter import ExportWriter  # noqa: E402
 WORK = REPO / ".nsysan-work"
 
 
-def build(path: Path, kernels: int) -> Path:
+# With ``op_ranges``, NVTX as PyTorch's ``emit_nvtx``/profiler schedule writes it: a range per op
+# around each launch, a module range per 4 ops, a step range per 100 (1.31 events per kernel with
+# the NCCL ranges; the real 2-GPU PyTorch exports of ../shared/realtraces hold 2 to 5).
+_OPS = ["aten::mm", "aten::add_", "aten::addmm", "aten::sum"]
+
+
+def build(path: Path, kernels: int, op_ranges: bool = False) -> Path:
     if path.exists():
         return path
     ranks = 8
@@ -54,6 +60,12 @@ def build(path: Path, kernels: int) -> Path:
         for i in range(per_rank):
             corr = i + 1
             w.runtime(pid, pid, t, t + 3_000, "cudaLaunchKernel", corr)
+            if op_ranges:
+                if i % 100 == 0:
+                    w.nvtx_range(pid, pid, t - 500, t + 100 * 50_000 - 1_000, f"ProfilerStep#{i // 100}")
+                if i % 4 == 0:
+                    w.nvtx_range(pid, pid, t - 200, t + 4 * 50_000 - 2_000, f"nn.Module: Block_{i // 4 % 8}")
+                w.nvtx_range(pid, pid, t - 100, t + 3_500, _OPS[i % 4])
             if i % 20 == 19:
                 w.nvtx_range(pid, pid, t - 1_000, t + 5_000, "ncclAllReduce", domain_id=3, payload=2**26)
                 w.kernel(pid, r, 13, t + 4_000, t + 300_000, nccl, correlation=corr, grid=(4, 1, 1))

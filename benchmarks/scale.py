@@ -1,9 +1,10 @@
 """Scale benchmark: ``nsysan report`` on 1M..8M-kernel exports against the floors, in one run.
 
-    python benchmarks/scale.py [--sizes 1,2,4,8] [--repeat 1]
+    python benchmarks/scale.py [--sizes 1,2,4,8] [--repeat 1] [--op-ranges]
 
 For each size (millions of kernels) it builds (once, cached under .nsysan-work/, with the
-generator of benchmarks/ingest.py) an 8-rank export, then times in fresh child processes:
+generator of benchmarks/ingest.py) an 8-rank export (``--op-ranges``: with NVTX ranges per op,
+module and step, as PyTorch writes them), then times in fresh child processes:
 
 * sqlite GROUP BY: the per-name kernel summary computed inside SQLite (the floor of any reader);
 * arrow fetch:     the kernel columns the full report reads, fetched into Arrow (ADBC's SQLite driver);
@@ -139,6 +140,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,2,4,8", help="millions of kernels, comma-separated")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (the least CPU is kept)")
+    parser.add_argument("--op-ranges", action="store_true",
+                        help="exports with NVTX ranges per op, module and step, as PyTorch captures have")  # fmt: skip
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",") if s.strip()]
     nsys = nsys_binary()
@@ -147,9 +150,9 @@ def main() -> None:
     results = []
     for size in sizes:
         kernels = int(size * 1_000_000)
-        path = WORK / f"bench-{kernels}.sqlite"
+        path = WORK / f"bench-{kernels}{'-ops' if args.op_ranges else ''}.sqlite"
         t0 = time.perf_counter()
-        build(path, kernels)
+        build(path, kernels, op_ranges=args.op_ranges)
         mib = path.stat().st_size / 2**20
         print(
             f"\n== {kernels:,} kernels: {path} ({mib:.0f} MiB; built/cached in {time.perf_counter() - t0:.0f} s)",
