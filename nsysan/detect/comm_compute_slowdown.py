@@ -186,9 +186,7 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
         on=["export", "pid", "correlation_id"],
     )
     del calls
-    text = r["text"].astype(str)
-    norm = text.map(dict(zip(pd.unique(text), (re.sub(r"\d+", "#", t) for t in pd.unique(text)), strict=True)))
-    r = r.assign(norm=norm.to_numpy(dtype=object), raw=text.to_numpy(dtype=object))
+    r = r.assign(**_texts(r["text"]))
     step = out["step"].to_numpy().copy()
     step_text = np.full(n, "", dtype=object)
     path = np.full(n, "", dtype=object)
@@ -211,6 +209,16 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"step": step, "step_text": step_text, "path": path})
 
 
+def _texts(text: pd.Series) -> dict[str, np.ndarray]:
+    """``raw`` (the range's text, "nan" where it has none) and ``norm`` (digits as '#') of each
+    range, as object arrays. Worked out once per distinct text and taken by code: a million ranges
+    of a PyTorch capture hold a few hundred texts."""
+    codes, uniques = pd.factorize(text.astype(object), use_na_sentinel=False)
+    raw = np.array([str(u) for u in uniques], dtype=object)
+    norm = np.array([re.sub(r"\d+", "#", u) for u in raw], dtype=object)
+    return {"norm": norm.take(codes), "raw": raw.take(codes)}
+
+
 def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
     """For points ``t`` on one thread: the step range containing each (index in start order, -1 if
     none), its raw text, and the normalised path down to the innermost range containing it.
@@ -223,19 +231,26 @@ def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
     and the range at depth d enclosing anything after range i is the last range of depth d started
     at or before i: one running maximum per depth level, no loop over rows.
     """
-    r = ranges.sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="stable")
-    start = r["start_ns"].to_numpy(dtype=np.int64)
-    end = r["end_ns"].to_numpy(dtype=np.int64)
-    norm = r["norm"].to_numpy(dtype=object)
-    raw = r["raw"].to_numpy(dtype=object)
-    order = np.arange(len(r))
+    start = ranges["start_ns"].to_numpy(dtype=np.int64)
+    end = ranges["end_ns"].to_numpy(dtype=np.int64)
+    by_start = np.lexsort((-end, start))  # start, then the longer (outer) first; stable
+    start, end = start[by_start], end[by_start]
+    norm = ranges["norm"].to_numpy(dtype=object)[by_start]
+    raw = ranges["raw"].to_numpy(dtype=object)[by_start]
+    order = np.arange(len(start))
     ends = np.sort(end)
     depth = np.maximum(order - np.searchsorted(ends, start, side="right"), 0)
     latest = np.searchsorted(start, t, side="right") - 1  # last range started at or before t
     open_now = latest + 1 - np.searchsorted(ends, t, side="right")  # ranges with start <= t < end
     safe = np.maximum(latest, 0)
-    paths = norm.copy()
-    parent = np.full(len(r), -1, dtype=np.int64)
+    # Paths as ids into ``texts``, one id per distinct path text: each level joins (parent's path,
+    # own name) pairs, of which a thread has a few hundred, not a string per range.
+    name, names = pd.factorize(norm)
+    width = len(names)
+    texts = [str(n) for n in names]
+    known = {text: i for i, text in enumerate(texts)}  # names are distinct: ids 0..width-1
+    path = name.astype(np.int64)
+    parent = np.full(len(start), -1, dtype=np.int64)
     inner = np.full(len(t), -1, dtype=np.int64)
     levels = range(int(depth.max()) + 1)  # nesting levels, not rows
     for d in levels:
@@ -243,10 +258,19 @@ def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
         child = np.flatnonzero(depth == d + 1)
         parent[child] = last_d[child]
         ok = child[parent[child] >= 0]
-        paths[ok] = paths[parent[ok]] + "/" + norm[ok]
+        pairs, which = np.unique(path[parent[ok]] * width + name[ok], return_inverse=True)
+        ids = []
+        for p in pairs.tolist():
+            text = texts[p // width] + "/" + texts[p % width]
+            if text not in known:
+                known[text] = len(texts)
+                texts.append(text)
+            ids.append(known[text])
+        path[ok] = np.array(ids, dtype=np.int64)[which]
         hit = (open_now - 1 == d) & (latest >= 0)
         inner[hit] = last_d[safe[hit]]
-    repeats = pd.Series(paths).map(pd.Series(paths).value_counts()).to_numpy() > 1
+    paths = np.array(texts, dtype=object)
+    repeats = np.bincount(path)[path] > 1
     step = np.where(repeats, order, -1)
     for d in levels[1:]:  # parents before children: a repeating ancestor wins over the range itself
         at = np.flatnonzero((depth == d) & (parent >= 0))
@@ -258,7 +282,7 @@ def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "top": top,
         "top_text": np.where(placed, raw[np.maximum(top, 0)], ""),
-        "path": np.where(placed, paths[np.maximum(inner, 0)], ""),
+        "path": np.where(placed, paths[path[np.maximum(inner, 0)]], ""),
     }
 
 

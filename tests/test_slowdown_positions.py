@@ -1,0 +1,81 @@
+"""The slowdown detector's program positions (``_enclosing``) work on path ids, not a string per
+range. The oracle is the string definition: a range's path is its parent's path, "/", its name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nsysan.detect.comm_compute_slowdown import _enclosing, _texts
+
+
+def _nested(rng: np.random.Generator, n: int) -> pd.DataFrame:
+    """Push/pop ranges on one thread: random nesting up to depth 4, names with digits and '/'."""
+    names = ["step 1", "step 22", "fwd", "fwd/bwd", "bwd", "aten::mm", "Block_3", "Block_7", "opt"]
+    rows, stack, t = [], [], 0
+    while len(rows) < n:
+        t += int(rng.integers(1, 50))
+        if stack and (len(stack) >= 4 or rng.random() < 0.45):
+            rows[stack.pop()][1] = t
+        else:
+            stack.append(len(rows))
+            rows.append([t, None, names[int(rng.integers(len(names)))]])
+    for i in reversed(stack):
+        t += 1
+        rows[i][1] = t
+    df = pd.DataFrame(rows, columns=["start_ns", "end_ns", "text"]).sample(frac=1, random_state=1)
+    return df.assign(**_texts(df["text"]))
+
+
+def _oracle(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
+    r = ranges.sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="stable")
+    start, end = r["start_ns"].to_numpy(np.int64), r["end_ns"].to_numpy(np.int64)
+    norm, raw = r["norm"].to_numpy(object), r["raw"].to_numpy(object)
+    order = np.arange(len(r))
+    ends = np.sort(end)
+    depth = np.maximum(order - np.searchsorted(ends, start, side="right"), 0)
+    latest = np.searchsorted(start, t, side="right") - 1
+    open_now = latest + 1 - np.searchsorted(ends, t, side="right")
+    safe = np.maximum(latest, 0)
+    paths, parent = norm.copy(), np.full(len(r), -1)
+    inner = np.full(len(t), -1)
+    levels = range(int(depth.max()) + 1)
+    for d in levels:
+        last_d = np.maximum.accumulate(np.where(depth == d, order, -1))
+        child = np.flatnonzero(depth == d + 1)
+        parent[child] = last_d[child]
+        ok = child[parent[child] >= 0]
+        paths[ok] = paths[parent[ok]] + "/" + norm[ok]
+        hit = (open_now - 1 == d) & (latest >= 0)
+        inner[hit] = last_d[safe[hit]]
+    repeats = pd.Series(paths).map(pd.Series(paths).value_counts()).to_numpy() > 1
+    step = np.where(repeats, order, -1)
+    for d in levels[1:]:
+        at = np.flatnonzero((depth == d) & (parent >= 0))
+        step[at] = np.where(step[parent[at]] >= 0, step[parent[at]], step[at])
+    top = np.where(inner >= 0, step[np.maximum(inner, 0)], -1)
+    placed = top >= 0
+    return {"top": top, "top_text": np.where(placed, raw[np.maximum(top, 0)], ""),
+            "path": np.where(placed, paths[np.maximum(inner, 0)], "")}  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_enclosing_matches_the_string_definition(seed):
+    rng = np.random.default_rng(seed)
+    ranges = _nested(rng, 3_000)
+    t = np.sort(rng.integers(0, int(ranges["end_ns"].max()) + 100, 5_000))
+    got, want = _enclosing(ranges, t), _oracle(ranges, t)
+    assert (want["top"] >= 0).sum() > 100
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_a_name_with_a_slash_is_the_same_path_as_the_nesting_it_spells():
+    """ "fwd/bwd" at the top and "bwd" inside "fwd" are one path, as their texts are equal."""
+    ranges = pd.DataFrame({"start_ns": [0, 10, 11, 20], "end_ns": [5, 30, 15, 25],
+                           "text": ["fwd/bwd", "fwd", "bwd", "other"]})  # fmt: skip
+    ranges = ranges.assign(**_texts(ranges["text"]))
+    got = _enclosing(ranges, np.array([1, 12]))
+    assert got["path"].tolist() == ["fwd/bwd", "fwd/bwd"]
+    assert got["top"].tolist() == [0, 2]  # a repeating path: each is a step
