@@ -236,7 +236,7 @@ class NsysExport:
                 return self.query(sql, params, integers=integers)
             raise self._corrupt(exc) from None
         if not blocks and not chunks:
-            return pd.DataFrame({n: pd.Series(dtype="int64" if integers else "object") for n in names})
+            return _no_rows(names, integers)
         if blocks:
             block = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
             block = block.reshape(-1, len(names))
@@ -279,8 +279,8 @@ class NsysExport:
         schema, batches = read
         names = list(schema.names)
         rows = sum(b.num_rows for b in batches)
-        if rows == 0:  # no rows: Arrow cannot know the types, the frame is int64 as before
-            return pd.DataFrame({name: np.array([], dtype=np.int64) for name in names})
+        if rows == 0:  # no rows: Arrow cannot know the types
+            return _no_rows(names, integers=True)
         if any(str(t) != "int64" for t in schema.types) or any(c.null_count for b in batches for c in b.columns):
             return None
         block = np.empty((len(names), rows), dtype=np.int64)
@@ -313,8 +313,8 @@ class NsysExport:
 
         schema, batches = read
         names = list(schema.names)
-        if not batches or sum(b.num_rows for b in batches) == 0:  # as the sqlite3 path: object columns
-            return pd.DataFrame({name: pd.Series(dtype="object") for name in names})
+        if sum(b.num_rows for b in batches) == 0:  # no rows: Arrow cannot know the types
+            return _no_rows(names, integers=False)
         try:
             table = pa.Table.from_batches(batches, schema=schema)
             del batches
@@ -434,6 +434,12 @@ class NsysExport:
             if sep:
                 env[key] = value.strip('"')
         return env
+
+
+def _no_rows(names: list[str], integers: bool) -> pd.DataFrame:
+    """The frame of a SELECT that returned nothing, whichever path read it: int64 columns for an
+    integer read, object columns otherwise."""
+    return pd.DataFrame({name: pd.Series(dtype="int64" if integers else "object") for name in names})
 
 
 def _from_arrow(column: Any) -> np.ndarray | pd.api.extensions.ExtensionArray | None:
