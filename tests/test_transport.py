@@ -44,14 +44,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(fn, rank, world, port, queue, *args):
+def _worker(fn, rank, world, port, queue, *args, leave=True):
+    store = None
     try:
         import torch.distributed as dist
 
         store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=dt.timedelta(seconds=60))
-        queue.put((rank, fn(store, rank, world, *args)))
+        result = fn(store, rank, world, *args)
     except BaseException:
-        queue.put((rank, "ERROR " + traceback.format_exc()))
+        result = "ERROR " + traceback.format_exc()
+    if store is not None and leave:
+        _leave(store, rank, world)
+    queue.put((rank, result))
+
+
+def _leave(store, rank, world, patience_s=60.0):
+    """The store's server lives in rank 0's process: rank 0 keeps it up until every other rank is
+    done with it (a rank still waiting on it when rank 0 exits gets "Failed to recv")."""
+    try:
+        if rank != 0:
+            store.add("run_ranks/left", 1)
+            return
+        deadline = time.monotonic() + patience_s
+        while store.add("run_ranks/left", 0) < world - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except Exception:
+        pass  # the test's own result says what went wrong
 
 
 def run_ranks(fn, world, *args, timeout=180):
@@ -235,7 +253,9 @@ def killed_peer(store, rank, world):
 def test_a_killed_peer_fails_the_others_naming_it_within_the_timeout():
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_worker, args=(killed_peer, r, 3, port, queue)) for r in range(3)]
+    # no leaving together: rank 2 dies
+    procs = [ctx.Process(target=_worker, args=(killed_peer, r, 3, port, queue), kwargs={"leave": False})
+             for r in range(3)]  # fmt: skip
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=120) for _ in range(2))
