@@ -1,6 +1,6 @@
 """Scale benchmark: ``nsysan report`` on 1M..8M-kernel exports against the floors, in one run.
 
-    python benchmarks/scale.py [--sizes 1,2,4,8] [--repeat 1] [--op-ranges]
+    python benchmarks/scale.py [--sizes 1,2,4,8] [--repeat 1] [--op-ranges] [--slices --slice-workers 2]
 
 For each size (millions of kernels) it builds (once, cached under .nsysan-work/, with the
 generator of benchmarks/ingest.py) an 8-rank export (``--op-ranges``: with NVTX ranges per op,
@@ -14,6 +14,9 @@ module and step, as PyTorch writes them), then times in fresh child processes:
 * report no-cache: ``--no-cache``.
 * phases:          the no-cache report's steps timed in one process (CPU seconds): where the time
                    goes between the floors and the report.
+* with ``--slices``: the no-cache report mapped by slices of the export's 8 processes, in one
+                   process (what it does past an eighth of the machine's memory) and on a local
+                   cluster of ``--slice-workers`` workers (peak RSS of each process of its tree).
 
 Each row: wall and CPU seconds and the child's peak RSS (``os.wait4``'s rusage of that child
 alone). Then the ratios against the targets (cold report faster than nsys stats and within 2x of
@@ -33,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -130,11 +134,42 @@ with load_trace([sys.argv[1]], cache=None) as job:
     overview = step("overview", lambda: overview_part(one).with_export(0))
     detectors = step("detectors (map)", lambda: map_detectors(one).with_export(0))
     profile = step("diff profile (map)", lambda: profile_part(one, DEFAULT_STEP_PATTERN))
-    result = ExportResult(one.exports[0], overview, detectors, profile)
+    result = ExportResult(one.exports[0], overview, detectors, [profile])
     doc = step("reduce", lambda: reduce_job([result], ranks, [], None))
     step("render JSON", lambda: render_json(doc))
 print(json.dumps(spent))
 """
+
+
+# ``nsysan report --no-cache --format json --workers 0`` with the export mapped one slice of
+# processes at a time (as it is past an eighth of the machine's memory)
+_BY_SLICES = """
+import sys
+import nsysan.engine as engine
+from nsysan.diff.profile import DEFAULT_STEP_PATTERN
+from nsysan.ingest.cache import configure
+from nsysan.report.renderers import render_json
+configure(False)
+engine.slice_in_process = lambda size: True
+render_json(engine.analyse_files([sys.argv[1]], {}, engine.Serial(), DEFAULT_STEP_PATTERN))
+"""
+
+
+def by_slices(py: str, path: Path, whole: dict[str, float], workers: int) -> dict[str, Any]:
+    """The no-cache report by slices, in one process and on a local cluster, against ``whole``."""
+    from ranks import measure_tree  # a sibling script (it imports this one's slope)
+
+    alone = measure([py, "-c", _BY_SLICES, str(path)])
+    cluster: dict[str, Any] = measure_tree([py, "-m", "nsysan", "report", str(path), "--format", "json",
+                                            "--no-cache", "--workers", str(workers)])  # fmt: skip
+    largest = max(cluster["coordinator_rss_mib"], cluster["largest_worker_rss_mib"])
+    print(f"  {'by slices, in process':24s} wall {alone['wall_s']:6.2f} s  cpu {alone['cpu_s']:6.2f} s  "
+          f"peak RSS {alone['rss_mib']:6.0f} MiB  (x{alone['cpu_s'] / whole['cpu_s']:.2f} CPU, "
+          f"x{alone['rss_mib'] / whole['rss_mib']:.2f} peak RSS of the whole export's no-cache report)")  # fmt: skip
+    print(f"  {f'by slices, {workers} workers':24s} wall {cluster['wall_s']:6.2f} s  largest process "
+          f"{largest:6.0f} MiB (coordinator {cluster['coordinator_rss_mib']:.0f}, largest worker "
+          f"{cluster['largest_worker_rss_mib']:.0f})  (x{cluster['wall_s'] / whole['wall_s']:.2f} wall)")  # fmt: skip
+    return {"in_process": alone, "cluster": cluster}
 
 
 def phases(py: str, path: Path) -> dict[str, float]:
@@ -150,6 +185,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (the least CPU is kept)")
     parser.add_argument("--op-ranges", action="store_true",
                         help="exports with NVTX ranges per op, module and step, as PyTorch captures have")  # fmt: skip
+    parser.add_argument("--slices", action="store_true", help="also time the report mapped by slices of processes")
+    parser.add_argument("--slice-workers", type=int, default=2, help="local cluster workers for --slices")
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",") if s.strip()]
     nsys = nsys_binary()
@@ -171,7 +208,8 @@ def main() -> None:
         out = subprocess.run([py, "-c", _QUERIES, str(path)], capture_output=True, text=True, check=True, cwd=REPO)
         report_sql = json.loads(out.stdout)[1]
         cache = Path(tempfile.mkdtemp(prefix="nsysan-scale-"))
-        report = [py, "-m", "nsysan", "report", str(path), "--format", "json"]
+        # in this one process (--workers 0), as one export is by default
+        report = [py, "-m", "nsysan", "report", str(path), "--format", "json", "--workers", "0"]
         env = {k: v for k, v in os.environ.items() if k != "NSYSAN_CACHE"}
         runs: dict[str, list[dict[str, float]]] = {}
         for _ in range(args.repeat):
@@ -209,8 +247,9 @@ def main() -> None:
         spent = phases(py, path)
         print("  phases of the no-cache report (CPU s): " + ", ".join(f"{k} {v:.2f}" for k, v in spent.items())
               + f"; sum {sum(spent.values()):.2f}")  # fmt: skip
+        sliced = by_slices(py, path, row["report no-cache"], args.slice_workers) if args.slices else None
         results.append({"kernels": kernels, "file_mib": round(mib, 1), "runs": row, "ratios": ratios,
-                        "phases": spent})  # fmt: skip
+                        "phases": spent, "slices": sliced})  # fmt: skip
     points = {
         name: slope([(r["kernels"], r["runs"][name]["cpu_s"]) for r in results])
         for name in ("report cold", "report cached", "arrow fetch", "sqlite GROUP BY")

@@ -126,9 +126,9 @@ def report(
         typer.Option(
             "--workers",
             min=0,
-            help="Analyse the exports on a local Dask cluster of this many worker processes, one export at a "
-            "time each (0 or 1: in this process). Default: in this process for one export or under 512 MiB of "
-            "exports, else one worker per core.",
+            help="Analyse the exports on a local Dask cluster of this many worker processes, one export (or one "
+            "slice of an export's ranks) at a time each (0 or 1: in this process). Default: in this process for "
+            "one export or under 512 MiB of exports, else one worker per core.",
             show_default=False,
         ),
     ] = None,

@@ -18,12 +18,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pandas as pd
 
-from nsysan.analysis import ExportResult, Settings, map_export, reduce_job
+from nsysan.analysis import ExportResult, Settings, combine_slices, map_export, reduce_job, slice_in_process
+from nsysan.detect.common import export_run_ns
 from nsysan.detect.registry import registered
 from nsysan.diff.profile import merge_profiles, profile_part, summary_tables
 from nsysan.errors import InputError
@@ -31,6 +33,7 @@ from nsysan.ingest import expand_inputs, load_trace
 from nsysan.ingest.cache import FrameCache, process_cache
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.ranks import announced_ranks, assign_guessed
+from nsysan.ingest.slices import ProcessSlice
 
 T = TypeVar("T")
 
@@ -40,6 +43,8 @@ _CONNECT_TIMEOUT = "10s"
 
 
 class Engine(Protocol):
+    in_process: bool  # whether tasks run in this process, one after the other (else in parallel)
+
     def map(self, fn: Callable[..., T], tasks: Sequence[tuple[Any, ...]], what: str) -> list[T]:
         """``[fn(*task) for task in tasks]``, in order, wherever this engine runs them."""
         ...
@@ -60,6 +65,8 @@ def _progress(total: int, what: str) -> Any:
 class Serial:
     """One task after the other in this process."""
 
+    in_process = True
+
     def map(self, fn: Callable[..., T], tasks: Sequence[tuple[Any, ...]], what: str) -> list[T]:
         bar = _progress(len(tasks), what)
         if bar is None:
@@ -74,7 +81,9 @@ class Serial:
 
 
 class DaskEngine:
-    """Tasks on a dask.distributed cluster, one export per task."""
+    """Tasks on a dask.distributed cluster, one export (or slice of its processes) per task."""
+
+    in_process = False
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -149,36 +158,58 @@ def open_engine(workers: int | None, scheduler: str | None, paths: Sequence[Path
         yield DaskEngine(client)
 
 
-def announced_in_file(path: Path, index: int, cache: FrameCache | None = None) -> pd.DataFrame:
-    """Task: the ranks the processes of one export announced (see :func:`announced_ranks`); with a
-    cache, kept like a map result (it scans the largest tables: seconds at 8M kernels)."""
+@dataclass(frozen=True)
+class Survey:
+    """What the coordinator needs of an export before mapping it: the ranks its processes
+    announced, how its processes are sliced, and (when there is more than one slice) its run length."""
 
-    def compute() -> pd.DataFrame:
+    announced: pd.DataFrame
+    slices: list[ProcessSlice]
+    run: int | None
+
+
+def survey_file(path: Path, index: int, cache: FrameCache | None = None, by_slices: bool = False) -> Survey:
+    """Task: the :class:`Survey` of one export (see :func:`announced_ranks`; with ``by_slices``,
+    :meth:`NsysExport.process_slices`); with a cache, kept like a map result (it scans the
+    largest tables: seconds at 8M kernels)."""
+
+    def compute() -> Survey:
         with NsysExport(path) as x:
-            return announced_ranks(x, index)
+            announced = announced_ranks(x, index)
+            slices = x.process_slices() if by_slices else [ProcessSlice()]
+        return Survey(announced, slices, export_run_ns(path) if len(slices) > 1 else None)
 
     if cache is None:
         return compute()
-    return cache.value(path, f"ranks-{_key(code_identity(), str(index))}", compute)
+    return cache.value(path, f"survey-{_key(code_identity(), str(index), str(by_slices))}", compute)
 
 
 def map_file(
-    path: Path, index: int, ranks: pd.DataFrame, settings: Settings, cache: FrameCache | None, steps: str | None
+    path: Path,
+    index: int,
+    ranks: pd.DataFrame,
+    settings: Settings,
+    cache: FrameCache | None,
+    steps: str | None,
+    part: ProcessSlice | None = None,
+    run: int | None = None,
 ) -> ExportResult:
-    """Task: the map of one export, opened on the worker (with the diff profile's part when ``steps``,
-    the step pattern, is given). With a cache, a result computed before for the same export, code,
-    settings, ranks and steps is read back instead (a re-report runs only the reduce)."""
+    """Task: the map of one export, or of the slice ``part`` of its processes with ``run`` its
+    run length, opened on the worker (with the diff profile's part when ``steps``, the step
+    pattern, is given). With a cache, a result computed before for the same export, code,
+    settings, ranks, slice and steps is read back instead (a re-report runs only the reduce)."""
 
     def compute() -> ExportResult:
-        with load_trace([path], cache=cache, ranks=ranks) as trace:
+        with load_trace([path], cache=cache, ranks=ranks) as whole, whole.export_alone(0, part, run) as trace:
             result = map_export(trace, index, settings)
             if steps is not None:
-                result.profile = profile_part(trace, steps)
+                result.profiles = [profile_part(trace, steps)]
             return result
 
     if cache is None or not _only_nsysan_detectors():
         return compute()
-    return cache.value(path, f"map-{_map_key(path, index, ranks, settings, steps)}", compute)
+    tag = part.tag if part is not None else ""
+    return cache.value(path, f"map-{_map_key(path, index, ranks, settings, steps, tag)}", compute)
 
 
 def _only_nsysan_detectors() -> bool:
@@ -192,10 +223,10 @@ def _only_nsysan_detectors() -> bool:
     )
 
 
-def _map_key(path: Path, index: int, ranks: pd.DataFrame, settings: Settings, steps: str | None) -> str:
+def _map_key(path: Path, index: int, ranks: pd.DataFrame, settings: Settings, steps: str | None, part: str) -> str:
     """Everything a map's result depends on besides the export's contents (the cache entry's key)."""
     return _key(code_identity(), str(path), str(index), json.dumps(settings, sort_keys=True),
-                ranks.to_csv(index=False), repr(steps))  # fmt: skip
+                ranks.to_csv(index=False), repr(steps), part)  # fmt: skip
 
 
 def _key(*parts: str) -> str:
@@ -236,15 +267,22 @@ def analyse_files(
     skipped: list[str] = []
     paths = expand_inputs(inputs, skipped)
     cache = process_cache()
-    announced = engine.map(announced_in_file, [(p, i, cache) for i, p in enumerate(paths)], "ranks")
-    ranks = assign_guessed(announced)
-    tasks = [
-        (p, i, ranks[ranks["export"] == i].assign(export=0).reset_index(drop=True), settings, cache, profile_steps)
-        for i, p in enumerate(paths)
-    ]
-    results = engine.map(map_file, tasks, "exports")
+    # on a cluster an export of several processes maps a slice of them per task; in this process,
+    # only when it is large (the same document either way: nsysan.analysis.slice_in_process)
+    split = [not engine.in_process or slice_in_process(p.stat().st_size if p.is_file() else 0) for p in paths]
+    surveys = engine.map(survey_file, [(p, i, cache, s) for i, (p, s) in enumerate(zip(paths, split, strict=True))],
+                         "ranks")  # fmt: skip
+    ranks = assign_guessed([s.announced for s in surveys])
+    tasks, owners = [], []
+    for i, (p, survey) in enumerate(zip(paths, surveys, strict=True)):
+        mine = ranks[ranks["export"] == i].assign(export=0).reset_index(drop=True)
+        for part in survey.slices:
+            tasks.append((p, i, mine, settings, cache, profile_steps, part, survey.run))
+            owners.append(i)
+    mapped = engine.map(map_file, tasks, "exports")
+    results = [combine_slices([r for r, o in zip(mapped, owners, strict=True) if o == i]) for i in range(len(paths))]
     doc = reduce_job(results, ranks, skipped, settings)
     if profile_steps is not None:
-        parts = [r.profile for r in results if r.profile is not None]
+        parts = [p for r in results for p in r.profiles]
         doc["profile"] = merge_profiles(parts, *summary_tables(doc["summary"]), profile_steps)
     return doc

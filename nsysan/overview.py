@@ -4,6 +4,7 @@ cannot show. Pure functions of a Trace; everything vectorised over frames.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
@@ -79,6 +80,32 @@ class OverviewPart:
         ordered = sorted(parts, key=lambda p: int(p.exports["export"].min()) if len(p.exports) else -1)
         names = [f.name for f in fields(cls)]
         return cls(**{k: _by_export(_concat([p.tables()[k] for p in ordered])) for k in names})
+
+    @classmethod
+    def combine_slices(cls, parts: Sequence[OverviewPart]) -> OverviewPart:
+        """One export's part from the parts of its slices of processes (:mod:`nsysan.ingest.slices`):
+        their counts added, their devices (no two slices share one) listed together. The grouped
+        tables stay one row per slice and key: the merge adds rows of the same key anyway."""
+        p = cls.concat(parts)
+        exports = p.exports
+        counts = [c for c in exports.columns if c in _EXPORT_COUNTS]
+        first = exports.iloc[[0]].reset_index(drop=True)
+        first[counts] = exports[counts].sum().to_numpy()[None, :]
+        first["devices"] = [sorted({int(d) for ds in exports["devices"] for d in ds})]
+        facts = p.facts.groupby("export", as_index=False).sum()
+        dropped = p.dropped
+        if len(dropped):
+            rows = dropped.groupby(["export", "what", "reason"])["rows"].sum().reset_index()
+            dropped = rows.sort_values(["what", "reason"], kind="stable").reset_index(drop=True)
+        devices = p.devices.sort_values("device", kind="stable").reset_index(drop=True)
+        return dataclasses.replace(p, exports=first, facts=facts, devices=devices, dropped=dropped)
+
+
+# the export table's columns that count rows (added over an export's slices)
+_EXPORT_COUNTS = frozenset(
+    {"kernels", "nccl_kernels", "memcpy", "peer_copies", "nccl_nvtx", "nvtx_events", "nvtx_ranges", "nvtx_marks",
+     "cuda_api_calls"}
+)  # fmt: skip
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -97,6 +97,36 @@ def test_real_scheduler_and_two_workers_give_the_serial_report(scheduler, job, s
     assert _json(doc) == _json(serial_doc)
 
 
+class _Counting(DaskEngine):
+    """A Dask engine that remembers how many tasks each stage sent to the cluster."""
+
+    def __init__(self, client: object) -> None:
+        super().__init__(client)
+        self.sent: dict[str, int] = {}
+
+    def map(self, fn, tasks, what):  # type: ignore[no-untyped-def]
+        self.sent[what] = len(tasks)
+        return super().map(fn, tasks, what)
+
+
+def test_an_export_of_several_processes_maps_per_slice_on_the_cluster(scheduler, tmp_path):
+    """One export holding every rank (``nsys profile torchrun``): a task per group of processes
+    that share no GPU, and the serial report, byte for byte."""
+    paths, _ = confounders_slowdown.scenario(1, True, tmp_path / "one-export", file_per_rank=False)
+    assert len(paths) == 1
+    with load_trace(paths) as trace:
+        slices = len(trace.export_slices(0))
+        serial = analyse(trace)
+    assert slices > 2 and serial["findings"]
+    from distributed import Client
+
+    with Client(scheduler, timeout="30s") as client:
+        engine = _Counting(client)
+        doc = analyse_files([str(p) for p in paths], {}, engine)
+    assert engine.sent == {"ranks": 1, "exports": slices}
+    assert _json(doc) == _json(serial)
+
+
 def test_cli_scheduler_report_equals_serial_cli_report(scheduler, job, monkeypatch, capsys, tmp_path):
     out_serial, out_dask = tmp_path / "serial.json", tmp_path / "dask.json"
     # a cache each: the cluster's maps are computed on the workers, not read from the serial run's

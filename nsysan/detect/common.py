@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from nsysan.detect.registry import param
 from nsysan.findings import Finding, Severity
+from nsysan.ingest.export import NsysExport
+from nsysan.ingest.frames import read_frame
 from nsysan.ingest.trace import Trace
 
 
@@ -31,12 +35,26 @@ def severity(impact_ns: float, run_ns: float, p: SeverityParams) -> Severity:
 
 
 def run_ns(trace: Trace) -> pd.Series:
-    """Per export: the span of its GPU activity (kernels), else of its NVTX, in ns."""
-    k = trace.kernel_columns(("start_ns", "end_ns"))
+    """Per export: the span of its GPU activity (kernels), else of its NVTX, in ns. A trace of a
+    slice of an export's processes knows its export's (``Trace.known_runs``)."""
+    if trace.known_runs is not None:
+        return pd.Series(trace.known_runs, dtype="int64")
+    return _spans(trace.kernel_columns(("start_ns", "end_ns")), lambda: trace.nvtx, len(trace.exports))
+
+
+def export_run_ns(path: Path) -> int:
+    """:func:`run_ns` of the whole export at ``path``, reading no more than it needs: the kernels'
+    times (and names, which a kernel row needs to be read at all), NVTX only without kernels."""
+    with NsysExport(path) as x:
+        k = read_frame(x, "kernels", columns=("start_ns", "end_ns", "short_name")).assign(export=0)
+        return int(_spans(k, lambda: read_frame(x, "nvtx").assign(export=0), 1).iloc[0])
+
+
+def _spans(k: pd.DataFrame, nvtx: Callable[[], pd.DataFrame], exports: int) -> pd.Series:
     spans = k.groupby("export").agg(first=("start_ns", "min"), last=("end_ns", "max"))
-    out = (spans["last"] - spans["first"]).reindex(range(len(trace.exports)))
+    out = (spans["last"] - spans["first"]).reindex(range(exports))
     if out.isna().any():
-        v = trace.nvtx.dropna(subset=["start_ns"])
+        v = nvtx().dropna(subset=["start_ns"])
         ends = v["end_ns"].fillna(v["start_ns"])
         nv = (ends.groupby(v["export"]).max() - v.groupby("export")["start_ns"].min()).reindex(out.index)
         out = out.fillna(nv)

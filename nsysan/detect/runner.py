@@ -42,6 +42,22 @@ class DetectorParts:
         }
         return dataclasses.replace(self, tables=tables)
 
+    @classmethod
+    def combine_slices(cls, parts: list[DetectorParts]) -> DetectorParts:
+        """One export's parts from those of its slices of processes (:mod:`nsysan.ingest.slices`),
+        each mapped with the export's run length. Tables keep the slices' order of rows."""
+        kinds = dict.fromkeys(kind for part in parts for kind in part.tables)
+        joined = {}
+        for kind in kinds:
+            frames = [part.tables.get(kind, {}) for part in parts]
+            names = dict.fromkeys(name for f in frames for name in f)
+            joined[kind] = {name: concat_frames([f[name] for f in frames if name in f]) for name in names}
+        findings: dict[str, list[Finding]] = {}
+        for part in parts:
+            for kind, found in part.findings.items():
+                findings.setdefault(kind, []).extend(found)
+        return cls(run_ns=parts[0].run_ns, findings=findings, tables=joined)
+
 
 def map_detectors(trace: Trace, settings: Settings | None = None) -> DetectorParts:
     """Every registered detector on ``trace``, which holds one export (its index is 0)."""

@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from nsysan.errors import CorruptExportError, InputError, NotAnExportError
+from nsysan.ingest.slices import ProcessSlice, gpu_use_queries, slices_of
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 CHUNK_ROWS = 250_000
@@ -99,8 +100,10 @@ class NsysExport:
     and raises an :class:`~nsysan.errors.InputError` subclass with a one-line reason otherwise.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], part: ProcessSlice | None = None) -> None:
         self.path = Path(path)
+        self.part = part or ProcessSlice()
+        self._views: list[str] = []  # the slice's TEMP views, created on each connection (see nsysan.ingest.slices)
         _check_sqlite_file(self.path)
         url = f"sqlite+pysqlite:///file:{quote(str(self.path.resolve()))}?mode=ro&uri=true"
         self._engine = sa.create_engine(url, poolclass=NullPool)
@@ -125,13 +128,28 @@ class NsysExport:
                 f"{self.path}: SQLite file is not an nsys export (no StringIds table); "
                 "nsysan reads the output of `nsys export --type sqlite`"
             )
+        self._views = self.part.view_statements(self.columns_by_table)
+        if self._views and self._conn is not None:
+            self._create_views(self._conn.connection.dbapi_connection)
 
     # -- connection -------------------------------------------------------------------------
 
     def _connection(self) -> sa.Connection:
         if self._conn is None:
             self._conn = self._engine.connect()
+            if self._views:
+                self._create_views(self._conn.connection.dbapi_connection)
         return self._conn
+
+    def _create_views(self, dbapi: Any) -> None:
+        """This slice's views on a new connection (TEMP objects belong to their connection)."""
+        try:
+            cursor = dbapi.cursor()
+            for sql in self._views:
+                cursor.execute(sql)
+            cursor.close()
+        except (sa.exc.DatabaseError, sqlite3.DatabaseError) as exc:
+            raise self._corrupt(exc) from None
 
     def close(self) -> None:
         if self._arrow:
@@ -252,7 +270,13 @@ class NsysExport:
             if self._arrow is None:
                 import adbc_driver_sqlite.dbapi as adbc
 
-                self._arrow = adbc.connect(self._arrow_uri)
+                connection = adbc.connect(self._arrow_uri)
+                try:
+                    self._create_views(connection)
+                except Exception:
+                    connection.close()
+                    raise
+                self._arrow = connection
             cursor = self._arrow.cursor()
         except Exception:
             self._arrow = False  # no driver, or it cannot open the file: the sqlite3 path reads
@@ -344,6 +368,14 @@ class NsysExport:
             return 0
         rows = self.scalar(f"SELECT count(*) FROM {table}")
         return rows if isinstance(rows, int) else 0
+
+    def process_slices(self) -> list[ProcessSlice]:
+        """How this export's processes are mapped: groups that share no GPU (see
+        :mod:`nsysan.ingest.slices`). One scan of each GPU table, in SQLite."""
+        pairs = [
+            self.query(sql, integers=True).to_numpy(dtype=np.int64) for sql in gpu_use_queries(self.columns_by_table)
+        ]
+        return slices_of(np.concatenate(pairs).reshape(-1, 2) if pairs else np.empty((0, 2), dtype=np.int64))
 
     def dropped_counts(self) -> Counter[tuple[str, str]]:
         """(what, reason) -> rows left out or repaired so far, all tables together."""

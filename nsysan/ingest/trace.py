@@ -55,6 +55,7 @@ from nsysan.ingest.inputs import expand_inputs
 from nsysan.ingest.nccl import NCCL_COLUMNS, classify_kernels
 from nsysan.ingest.nccl_calls import read_nccl_calls
 from nsysan.ingest.ranks import identify_ranks
+from nsysan.ingest.slices import ProcessSlice
 from nsysan.ingest.tables import find_table, has_cuda_data
 
 
@@ -89,8 +90,12 @@ class Trace:
         cache: FrameCache | None = None,
         ranks: pd.DataFrame | None = None,
         owns_exports: bool = True,
+        runs: list[int] | None = None,
     ) -> None:
         self._exports = exports
+        # per export, its run length when measured elsewhere: a slice of an export's processes
+        # is judged against the whole export's run (nsysan.detect.common.run_ns)
+        self.known_runs = runs
         self._cache = cache
         self._owns_exports = owns_exports
         if ranks is not None:  # the job's rank table, decided across exports this trace may not hold
@@ -115,12 +120,24 @@ class Trace:
             for x in self._exports:
                 x.close()
 
-    def export_alone(self, index: int) -> Trace:
+    def export_alone(self, index: int, part: ProcessSlice | None = None, run: int | None = None) -> Trace:
         """Export ``index`` as a trace of its own, as the map stage of :mod:`nsysan.analysis` sees
         it on a worker: its frames read afresh (and dropped with it), its ranks from this job's
-        table, its export index 0. Closing it leaves the export open for this trace."""
-        ranks = self.ranks[self.ranks["export"] == index].assign(export=0).reset_index(drop=True)
-        return Trace([self._exports[index]], cache=self._cache, ranks=ranks, owns_exports=False)
+        table, its export index 0; with ``part``, only that slice of its processes (see
+        :mod:`nsysan.ingest.slices`), whose findings are weighed against ``run``, the export's
+        run length. Closing it leaves the export open for this trace."""
+        ranks = self.ranks[self.ranks["export"] == index].assign(export=0)
+        if part is None or part.whole:
+            return Trace([self._exports[index]], cache=self._cache, ranks=ranks.reset_index(drop=True),
+                         owns_exports=False)  # fmt: skip
+        ranks = ranks[part.holds(ranks["pid"].to_numpy(dtype=np.int64))].reset_index(drop=True)
+        runs = None if run is None else [run]
+        return Trace([NsysExport(self._exports[index].path, part)], cache=self._cache, ranks=ranks, runs=runs)
+
+    def export_slices(self, index: int) -> list[ProcessSlice]:
+        """How export ``index`` is mapped: its groups of processes that share no GPU (see
+        :meth:`NsysExport.process_slices`)."""
+        return self._exports[index].process_slices()
 
     def __enter__(self) -> Trace:
         return self
@@ -132,7 +149,7 @@ class Trace:
         """``reader(x)``, through the frame cache when this trace has one (``name`` keys the read)."""
         if self._cache is None:
             return reader(x)
-        return self._cache.read(x, name, functools.partial(reader, x))
+        return self._cache.read(x, name + x.part.tag, functools.partial(reader, x))
 
     def _gather(
         self, reader: Callable[[NsysExport], pd.DataFrame], with_rank: bool = True, name: str = ""
