@@ -34,6 +34,8 @@ class Mutant:
 ORDERING = ("tests/test_ordering_truth.py",)
 GRAPH_CBF = ("tests/test_graph_cbf_truth.py",)
 SLOWDOWN = ("tests/test_slowdown_truth.py",)
+# the real export's test needs ../shared, which the mutant's copy of the repository lacks
+SLICES = ("tests/test_slices.py", "-k", "not real_two_gpu")
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("ordering: B's own peers never checked", "nsysan/detect/nccl_ordering_stall.py",
@@ -70,6 +72,11 @@ MUTANTS: tuple[Mutant, ...] = (
            '    critical_share: float = param(0.05,',
            'warning_share: float = param(0.05, "impact / run length at which a finding becomes a warning")\n'
            '    critical_share: float = param(0.01,', ORDERING),
+    Mutant("slices: each slice weighed against its own run, not the export's", "nsysan/analysis.py",
+           "            with trace.export_alone(index, part, run) as one:",
+           "            with trace.export_alone(index, part, None) as one:", SLICES),
+    Mutant("slices: rows without a process read by no slice", "nsysan/ingest/slices.py",
+           'cond = f"{pid} IS NULL" + (', 'cond = f"{pid} IS NULL AND 0" + (', SLICES),
 )  # fmt: skip
 
 
