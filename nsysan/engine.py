@@ -176,7 +176,8 @@ def survey_file(path: Path, index: int, cache: FrameCache | None = None, by_slic
     def compute() -> Survey:
         with NsysExport(path) as x:
             announced = announced_ranks(x, index)
-            slices = x.process_slices() if by_slices else [ProcessSlice()]
+            # an export of one process (a file per rank) has nothing to slice: no scan for it
+            slices = x.process_slices() if by_slices and len(announced) > 1 else [ProcessSlice()]
         return Survey(announced, slices, export_run_ns(path) if len(slices) > 1 else None)
 
     if cache is None:
