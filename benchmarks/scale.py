@@ -150,7 +150,7 @@ from nsysan.diff.profile import DEFAULT_STEP_PATTERN
 from nsysan.ingest.cache import configure
 from nsysan.report.renderers import render_json
 configure(False)
-engine.slice_in_process = lambda size: True
+engine.slice_in_process = lambda path: True
 render_json(engine.analyse_files([sys.argv[1]], {}, engine.Serial(), DEFAULT_STEP_PATTERN))
 """
 

@@ -74,13 +74,17 @@ def combine_slices(results: list[ExportResult]) -> ExportResult:
     )
 
 
-def slice_in_process(size_bytes: int) -> bool:
-    """Whether this process maps an export of ``size_bytes`` by slices of its processes rather
-    than whole. Both give the same document; slices hold one slice's frames at a time but scan
+def slice_in_process(path: Path) -> bool:
+    """Whether this process maps the export at ``path`` by slices of its processes rather than
+    whole. Both give the same document; slices hold one slice's frames at a time but scan
     every table once per slice (8 slices of an 8M-kernel export: 1.65x the CPU, 0.25x the peak
     RSS, docs/scale.md). A whole export's frames peak near 4x the file, so it is mapped whole up to an
     eighth of this machine's memory. A Dask cluster always maps by slices: they run in parallel."""
-    return size_bytes * 8 > psutil.virtual_memory().total
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return False  # its map says what is wrong with it
+    return size * 8 > psutil.virtual_memory().total
 
 
 def analyse(trace: Trace, settings: Settings | None = None, by_slices: bool | None = None) -> dict[str, Any]:
@@ -90,7 +94,7 @@ def analyse(trace: Trace, settings: Settings | None = None, by_slices: bool | No
     large, see :func:`slice_in_process`)."""
     results = []
     for index, info in enumerate(trace.exports):
-        split = slice_in_process(_size(info.path)) if by_slices is None else by_slices
+        split = slice_in_process(info.path) if by_slices is None else by_slices
         slices = trace.export_slices(index) if split else [ProcessSlice()]
         run = export_run_ns(info.path) if len(slices) > 1 else None
         parts = []
@@ -99,13 +103,6 @@ def analyse(trace: Trace, settings: Settings | None = None, by_slices: bool | No
                 parts.append(map_export(one, index, settings))
         results.append(combine_slices(parts))
     return reduce_job(results, trace.ranks, trace.input_notes, settings)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def capture_start_utc_ns(trace: Trace) -> int | None:

@@ -270,7 +270,7 @@ def analyse_files(
     cache = process_cache()
     # on a cluster an export of several processes maps a slice of them per task; in this process,
     # only when it is large (the same document either way: nsysan.analysis.slice_in_process)
-    split = [not engine.in_process or slice_in_process(p.stat().st_size if p.is_file() else 0) for p in paths]
+    split = [not engine.in_process or slice_in_process(p) for p in paths]
     surveys = engine.map(survey_file, [(p, i, cache, s) for i, (p, s) in enumerate(zip(paths, split, strict=True))],
                          "ranks")  # fmt: skip
     ranks = assign_guessed([s.announced for s in surveys])
