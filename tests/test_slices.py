@@ -15,7 +15,9 @@ from fixtures import confounders_slowdown
 from fixtures.exporter import ExportWriter
 from fixtures.samples import sample_paths
 from nsysan.analysis import analyse
+from nsysan.detect.runner import DetectorParts, reduce_detectors
 from nsysan.engine import Serial, analyse_files
+from nsysan.findings import Finding, Severity
 from nsysan.ingest import load_trace
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.frames import decode_pid
@@ -133,6 +135,26 @@ def test_real_two_gpu_export_is_two_slices_and_the_same_report(nsysai_traces):
     sliced = _document([path], True)
     assert len(json.loads(sliced)["findings"]) == 34
     assert sliced == _document([path], False)
+
+
+def test_findings_tied_on_severity_impact_and_start_come_out_the_same_from_slices_in_any_order():
+    """Two slices' findings alike in severity, impact and start (one per rank) are ordered by what
+    tells them apart, not by the order the slices were mapped in."""
+
+    def stall(rank: int, tid: int) -> Finding:
+        return Finding(kind="command_buffer_full", severity=Severity.INFO, title=f"thread {tid} blocked",
+                       advice="", start_ns=1_000, end_ns=2_000, impact_ns=1_000, rank=rank, device=rank,
+                       pid=100 + rank, group=f"command_buffer_full:{rank}")  # fmt: skip
+
+    def slice_of(*found: Finding) -> DetectorParts:
+        return DetectorParts(run_ns=10**9, findings={"command_buffer_full": list(found)})
+
+    first, second = slice_of(stall(1, 7)), slice_of(stall(0, 9), stall(0, 8))
+    orders = [
+        [(f.rank, f.title) for f in reduce_detectors([DetectorParts.combine_slices(parts)], [0])]
+        for parts in ([first, second], [second, first])
+    ]
+    assert orders[0] == orders[1] == [(0, "thread 8 blocked"), (0, "thread 9 blocked"), (1, "thread 7 blocked")]
 
 
 def test_rows_without_a_process_are_read_once(tmp_path):

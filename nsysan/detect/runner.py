@@ -11,7 +11,10 @@ memory at once. The serial path (:func:`run_detectors`) and the distributed one
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -97,7 +100,24 @@ def reduce_detectors(
         findings += grade(pairs, p) if isinstance(p, SeverityParams) else [f for f, _ in pairs]
     if notes is not None:
         notes.extend(job.notes)
-    return sorted(findings, key=lambda f: (-f.severity.rank, -f.impact_ns, f.start_ns))
+    return sorted(findings, key=_worst_first(list(registered())))
+
+
+def _worst_first(kinds: list[str]) -> Callable[[Finding], tuple[Any, ...]]:
+    """The findings' order: severity, impact and start, then whatever tells two findings apart.
+
+    A total order, so that the findings come out the same whatever order the maps delivered them
+    in: an export mapped by slices of processes (:mod:`nsysan.ingest.slices`) hands on its slices'
+    findings one slice after another, not in the order one map of the whole export finds them.
+    """
+    place = {kind: i for i, kind in enumerate(kinds)}
+
+    def key(f: Finding) -> tuple[Any, ...]:
+        where = tuple(-1 if v is None else v for v in (f.rank, f.device, f.pid))
+        return (-f.severity.rank, -f.impact_ns, f.start_ns, place.get(f.kind, len(place)), f.kind,
+                *where, f.end_ns, f.group, f.title, json.dumps(f.evidence, sort_keys=True, default=str))  # fmt: skip
+
+    return key
 
 
 def _take_tables(parts: list[DetectorParts], kind: str) -> dict[str, pd.DataFrame]:
