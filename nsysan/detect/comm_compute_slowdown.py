@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -166,9 +166,14 @@ def _coverage(compute: pd.DataFrame, comm: pd.DataFrame) -> np.ndarray:
 def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     """Per compute kernel: ``step`` (id of the step range enclosing its launch call, -1 when none),
     ``step_text`` and ``path`` (range names from the outermost down to the innermost range
-    enclosing the launch, digits as '#'; "" when none)."""
+    enclosing the launch, digits as '#'; "" when none).
+
+    Texts are object columns and ``path`` a categorical in sorted order: a million kernels share a
+    few hundred texts, and grouping by a path's code gives the groups in the order of its text.
+    """
     n = len(compute)
-    out = pd.DataFrame({"step": np.full(n, -1, dtype=np.int64), "step_text": "", "path": ""})
+    out = pd.DataFrame({"step": np.full(n, -1, dtype=np.int64), "step_text": pd.Series([""] * n, dtype=object),
+                        "path": _sorted_categorical(np.zeros(n, dtype=np.int64), np.array([""], dtype=object))})  # fmt: skip
     v = trace.nvtx
     if v.empty:
         return out
@@ -189,7 +194,9 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     r = r.assign(**_texts(r["text"]))
     step = out["step"].to_numpy().copy()
     step_text = np.full(n, "", dtype=object)
-    path = np.full(n, "", dtype=object)
+    path = np.full(n, -1, dtype=np.int64)  # into the threads' path texts, one after the other
+    texts: list[np.ndarray] = []
+    offset = 0
     points = launch.dropna(subset=["tid", "start_ns"])
     del launch
     by_thread = points.groupby(["export", "pid", "tid"]).indices
@@ -204,22 +211,34 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
         rows = rows[inside]
         step[rows] = next_id + found["top"][inside]
         step_text[rows] = found["top_text"][inside]
-        path[rows] = found["path"][inside]
+        path[rows] = offset + found["path"].codes[inside].astype(np.int64)
+        texts.append(found["path"].categories.to_numpy(dtype=object))
+        offset += len(texts[-1])
         next_id += len(ranges)
-    return pd.DataFrame({"step": step, "step_text": step_text, "path": path})
+    path[path < 0] = offset  # "", after every thread's texts
+    paths = _sorted_categorical(path, np.concatenate([*texts, np.array([""], dtype=object)]))
+    return pd.DataFrame({"step": step, "step_text": pd.Series(step_text, dtype=object), "path": paths})
 
 
-def _texts(text: pd.Series) -> dict[str, np.ndarray]:
+def _sorted_categorical(codes: np.ndarray, texts: np.ndarray) -> pd.Categorical:
+    """``texts[codes]`` as a categorical whose categories are the distinct texts in sorted order."""
+    distinct, where = np.unique(texts, return_inverse=True)
+    return pd.Categorical.from_codes(where[codes], categories=pd.Index(distinct, dtype=object))
+
+
+def _texts(text: pd.Series) -> dict[str, pd.Series]:
     """``raw`` (the range's text, "nan" where it has none) and ``norm`` (digits as '#') of each
-    range, as object arrays. Worked out once per distinct text and taken by code: a million ranges
-    of a PyTorch capture hold a few hundred texts."""
+    range, as object columns (not pandas' string type: a million strings would be copied into
+    Arrow and out again). Worked out once per distinct text and taken by code: a million ranges of
+    a PyTorch capture hold a few hundred texts."""
     codes, uniques = pd.factorize(text.astype(object), use_na_sentinel=False)
     raw = np.array([str(u) for u in uniques], dtype=object)
     norm = np.array([re.sub(r"\d+", "#", u) for u in raw], dtype=object)
-    return {"norm": norm.take(codes), "raw": raw.take(codes)}
+    return {name: pd.Series(texts.take(codes), index=text.index, dtype=object)
+            for name, texts in (("norm", norm), ("raw", raw))}  # fmt: skip
 
 
-def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
+def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, Any]:
     """For points ``t`` on one thread: the step range containing each (index in start order, -1 if
     none), its raw text, and the normalised path down to the innermost range containing it.
 
@@ -269,7 +288,10 @@ def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
         path[ok] = np.array(ids, dtype=np.int64)[which]
         hit = (open_now - 1 == d) & (latest >= 0)
         inner[hit] = last_d[safe[hit]]
-    paths = np.array(texts, dtype=object)
+    if "" not in known:  # the path of a point in no range
+        known[""] = len(texts)
+        texts.append("")
+    paths = pd.Index(np.array(texts, dtype=object), dtype=object)
     repeats = np.bincount(path)[path] > 1
     step = np.where(repeats, order, -1)
     for d in levels[1:]:  # parents before children: a repeating ancestor wins over the range itself
@@ -282,7 +304,7 @@ def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "top": top,
         "top_text": np.where(placed, raw[np.maximum(top, 0)], ""),
-        "path": np.where(placed, paths[path[np.maximum(inner, 0)]], ""),
+        "path": pd.Categorical.from_codes(np.where(placed, path[np.maximum(inner, 0)], known[""]), categories=paths),
     }
 
 
