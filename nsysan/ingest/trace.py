@@ -18,8 +18,7 @@ memcpy             pid device context stream correlation_id start_ns end_ns byte
 memset             pid device context stream correlation_id start_ns end_ns bytes value
                    graph_node_id
 cuda_api           pid tid correlation_id start_ns end_ns name return_value api
-nvtx               pid tid start_ns end_ns event_type domain text category payload_int
-                   payload_float json
+nvtx               pid tid start_ns end_ns event_type domain text payload_int
 nccl_calls         pid tid start_ns end_ns call comm_id bytes peer nranks comm_rank
 overhead           pid tid start_ns end_ns name overhead_type correlation_id source
 sync               pid device context stream correlation_id start_ns end_ns sync_type
