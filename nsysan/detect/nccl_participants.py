@@ -51,9 +51,7 @@ def iterations(trace: Trace, ops: pd.DataFrame) -> pd.Series:
     if nv.empty:
         return out
     ranges = nv.dropna(subset=["end_ns", "pid"])
-    text = ranges["text"].astype(object).fillna("").astype(str)
-    number = text.str.extract(STEP, expand=False)
-    ranges = ranges.assign(number=pd.to_numeric(number, errors="coerce")).dropna(subset=["number"])
+    ranges = ranges.assign(number=_step_numbers(ranges["text"])).dropna(subset=["number"])
     if ranges.empty:
         return out
     ranges = ranges[["export", "pid", "start_ns", "end_ns", "number"]].astype("int64")
@@ -64,6 +62,16 @@ def iterations(trace: Trace, ops: pd.DataFrame) -> pd.Series:
     hit = hit[hit["e"].notna() & (hit["launch_ns"] <= hit["e"])]
     out.loc[hit["index"].to_numpy()] = hit["number"].astype("int64").to_numpy()
     return out
+
+
+def _step_numbers(text: pd.Series) -> pd.Series:
+    """The step number each range's text names (NaN where none). Texts are categorical (a PyTorch
+    capture has millions of ranges and a few hundred texts), so the pattern runs once per text."""
+    text = text.astype("category")
+    names = pd.Series(text.cat.categories.astype(object), dtype=object).astype(str)
+    per_text = pd.to_numeric(names.str.extract(STEP, expand=False), errors="coerce").to_numpy(dtype=np.float64)
+    per_text = np.append(per_text, np.nan)  # a range without text (code -1)
+    return pd.Series(per_text[text.cat.codes.to_numpy()], index=text.index)
 
 
 def _candidates(ops: pd.DataFrame, tol_ns: int, tol_share: float, reach: int) -> pd.DataFrame:
