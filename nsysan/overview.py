@@ -253,13 +253,14 @@ def _nvtx_part(trace: Trace) -> pd.DataFrame:
         return pd.DataFrame(columns=_NVTX_PART)
     # grouped even when empty: the (categorical) domain keeps this export's categories
     ranges = v[v["event_type"].isin(NVTX_RANGE_TYPES) & v["end_ns"].notna()]
-    d = ranges.assign(
-        dur=(ranges["end_ns"] - ranges["start_ns"]).astype("int64"), range=ranges["text"].astype(object).fillna("")
-    )
+    d = ranges.assign(dur=(ranges["end_ns"] - ranges["start_ns"]).astype("int64"), range=ranges["text"])
     check_sum_fits(d["dur"])
-    g = d.groupby(["export", "domain", "range"], observed=True, dropna=False).agg(
-        count=("dur", "size"), total_ns=("dur", "sum")
-    )
+    # grouped by the texts' codes first (millions of ranges, a few hundred texts), then by the
+    # texts themselves: a range without text counts as "", and the groups sort by text
+    keys = ["export", "domain", "range"]
+    g = d.groupby(keys, observed=True, dropna=False).agg(count=("dur", "size"), total_ns=("dur", "sum")).reset_index()
+    g["range"] = g["range"].astype(object).fillna("")
+    g = g.groupby(keys, observed=True, dropna=False).agg(count=("count", "sum"), total_ns=("total_ns", "sum"))
     return g.reset_index()[_NVTX_PART]
 
 
@@ -268,8 +269,9 @@ def _transfer_part(trace: Trace) -> pd.DataFrame:
     v = trace.nvtx
     if v.empty:
         return pd.DataFrame(columns=_TRANSFER_PART)
-    text = v["text"].astype(object).fillna("").astype(str)
-    t = v[(v["domain"] == "nsysan") & text.str.startswith("p2p ") & v["end_ns"].notna()]
+    t = v[(v["domain"] == "nsysan") & v["end_ns"].notna()]
+    text = t["text"].astype(object).fillna("").astype(str)
+    t = t[text.str.startswith("p2p ")]
     if t.empty:
         return pd.DataFrame(columns=_TRANSFER_PART)
     d = t.assign(transfer=text[t.index], dur=(t["end_ns"] - t["start_ns"]).astype("int64"),
