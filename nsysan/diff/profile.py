@@ -46,12 +46,21 @@ def _kernels(trace: Trace) -> pd.DataFrame:
     k = k[k["rank"].notna()] if len(k) else k
     if k.empty:
         return k.assign(signature=pd.Series(dtype=object), shape=pd.Series(dtype=object))
-    name = k["name"].astype(object).fillna(k["short_name"].astype(object)).astype(str)
-    keys = pd.DataFrame(
-        {"name": name, "grid": k["grid"].fillna(0).astype("int64"), "block": k["block"].fillna(0).astype("int64")}
-    )
-    codes = keys.groupby(["name", "grid", "block"], sort=False).ngroup().to_numpy()
-    first = keys.drop_duplicates()
+    # signatures numbered in order of first appearance; the names' strings are built once per
+    # distinct (name, short name, grid, block), then folded where two give one name (a missing
+    # demangled name falls back to the short name)
+    name, short = k["name"].astype("category"), k["short_name"].astype("category")
+    ints = pd.DataFrame({"name": name.cat.codes, "short": short.cat.codes,
+                         "grid": k["grid"].fillna(0).astype("int64"), "block": k["block"].fillna(0).astype("int64")})  # fmt: skip
+    row_key = ints.groupby(list(ints.columns), sort=False).ngroup().to_numpy()
+    distinct = ints.drop_duplicates()
+    text = np.array([*name.cat.categories, None], dtype=object)[distinct["name"].to_numpy()]  # code -1: None
+    fallback = np.array([*short.cat.categories, None], dtype=object)[distinct["short"].to_numpy()]
+    named = pd.Series(text, dtype=object).fillna(pd.Series(fallback, dtype=object)).astype(str).to_numpy(dtype=object)
+    first = pd.DataFrame({"name": named, "grid": distinct["grid"].to_numpy(), "block": distinct["block"].to_numpy()})
+    fold = first.groupby(["name", "grid", "block"], sort=False).ngroup().to_numpy()
+    codes = fold[row_key]
+    first = first.drop_duplicates()
     shapes = np.array(
         [f"grid {_grid(g)} block {_block(b)}" for g, b in zip(first["grid"], first["block"], strict=True)], dtype=object
     )
@@ -77,11 +86,11 @@ def _nvtx_steps(trace: Trace, pattern: str) -> pd.DataFrame:
     if v.empty:
         return pd.DataFrame(columns=["rank", "start_ns", "end_ns"])
     ranges = v[v["event_type"].isin(NVTX_RANGE_TYPES) & v["end_ns"].notna() & v["rank"].notna()]
-    names = ranges["text"].astype(object).fillna("").astype(str)
     rx = re.compile(pattern, re.IGNORECASE)
-    distinct = pd.Series(names.unique())
-    hits = set(distinct[distinct.map(lambda s: bool(rx.search(s)))])
-    r = ranges[names.isin(hits)].sort_values(["rank", "pid", "tid", "start_ns"])
+    text = ranges["text"].astype("category")  # matched once per distinct text, not per range
+    texts = [*(str(t) for t in text.cat.categories), ""]  # code -1 (no text) is the last: ""
+    hits = np.array([bool(rx.search(t)) for t in texts])
+    r = ranges[hits[text.cat.codes.to_numpy()]].sort_values(["rank", "pid", "tid", "start_ns"])
     if r.empty:
         return pd.DataFrame(columns=["rank", "start_ns", "end_ns"])
     # a step range inside another one (same thread) is a sub-step: keep the outermost
