@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nsysan.detect.comm_compute_slowdown import _enclosing, _texts
+from nsysan.detect.comm_compute_slowdown import _enclosing, _one_per_launch, _texts
 
 
 def _nested(rng: np.random.Generator, n: int) -> pd.DataFrame:
@@ -79,3 +79,19 @@ def test_a_name_with_a_slash_is_the_same_path_as_the_nesting_it_spells():
     got = _enclosing(ranges, np.array([1, 12]))
     assert got["path"].tolist() == ["fwd/bwd", "fwd/bwd"]
     assert got["top"].tolist() == [0, 2]  # a repeating path: each is a step
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_row_per_launch_is_the_first_of_each_as_drop_duplicates_keeps(seed):
+    """The packed-key shortcut returns the calls untouched only when no launch repeats."""
+    rng = np.random.default_rng(seed)
+    n = 3_000
+    calls = pd.DataFrame({
+        "export": rng.integers(0, 2, n) if seed == 3 else np.zeros(n, dtype=np.int64),
+        "pid": rng.integers(100, 103, n), "tid": np.arange(n),
+        "correlation_id": np.arange(n) if seed in (0, 3) else rng.integers(0, 2 * n, n),
+    })  # fmt: skip
+    if seed == 2:
+        calls.loc[::7, "pid"] = -1  # a pid the packed key cannot hold
+    got = _one_per_launch(calls)
+    pd.testing.assert_frame_equal(got, calls.drop_duplicates(["export", "pid", "correlation_id"]))

@@ -653,7 +653,8 @@ def unpack_shape(grid: int, block: int) -> tuple[list[int], list[int]]:
 def read_frame(
     x: NsysExport, frame: str, columns: Iterable[str] | None = None, correlation_ids: np.ndarray | None = None
 ) -> pd.DataFrame:
-    """One frame of one export, as :data:`FRAMES` describes it: all its columns or just ``columns``.
+    """One frame of one export, as :data:`FRAMES` describes it: all its columns or just ``columns``
+    (the table a row came from, ``api`` or ``source``, is a column too).
 
     With ``correlation_ids``, only the rows with those ids are read (SQLite filters them, so a
     million launch calls never reach Python to find the few that launched NCCL kernels).
@@ -661,6 +662,7 @@ def read_frame(
     spec = FRAMES[frame]
     wanted = None if columns is None else set(columns)
     cols = [c for c in spec.columns if wanted is None or c.name in wanted]
+    tags = [t for t in (spec.role_column, spec.table_column) if t is not None and (wanted is None or t in wanted)]
     where = "ORDER BY rowid" if spec.ordered else ""
     params: tuple[object, ...] = ()
     if correlation_ids is not None:
@@ -670,12 +672,11 @@ def read_frame(
     parts, tables = [], []
     for role in spec.roles:
         table = find_table(x, role)
-        parts.append(_read_part(x, spec, cols, table, where, params, role))
+        parts.append(_read_part(x, spec, cols, table, where, params, role, tags))
         tables.append(table)
     df = parts[0] if len(parts) == 1 else concat_frames(parts)
-    for tag in (spec.role_column, spec.table_column):
-        if tag is not None:
-            df[tag] = df[tag].astype("category")
+    for tag in tags:
+        df[tag] = df[tag].astype("category")
     return spec.finish(x, tables[0], df) if spec.finish else df
 
 
@@ -687,8 +688,9 @@ def _read_part(
     where: str,
     params: tuple[object, ...],
     role: str,
+    tags: list[str],
 ) -> pd.DataFrame:
-    """The columns ``cols`` of one table, typed by their kinds."""
+    """The columns ``cols`` of one table, typed by their kinds, and the ``tags`` naming the table."""
     sources = {c.name: c.source for c in cols}
     required = tuple(c.name for c in spec.columns if c.required and (c.name in sources or c.name in spec.times))
     df = _select(
@@ -706,9 +708,9 @@ def _read_part(
             df[c.name] = df[c.name].astype(object)
         elif c.kind is Kind.LABEL and c.labels is not None:
             df[c.name] = _label_enum(x, c.labels[0], df[c.name], c.labels[1])
-    if spec.role_column is not None:
+    if spec.role_column in tags:
         df[spec.role_column] = role
-    if spec.table_column is not None:
+    if spec.table_column in tags:
         df[spec.table_column] = table or ""
     return df
 

@@ -238,7 +238,8 @@ class Trace:
 
     def launch_calls(self, kernels: pd.DataFrame, columns: Sequence[str] | None = None) -> pd.DataFrame:
         """The CUDA API calls that launched ``kernels``: cuda_api rows with their correlation ids
-        (every column, or ``export``, ``pid``, ``correlation_id`` and ``columns``).
+        (every column, or ``export``, ``pid``, ``correlation_id`` and ``columns``: a million
+        launches need not carry a rank and an API label each).
 
         Uses the cuda_api frame when it is loaded; otherwise reads only the matching rows. With
         ``columns``, and ``kernels`` launched by at least half of an export's calls (compute kernels
@@ -248,7 +249,7 @@ class Trace:
         """
         keys = ["export", "pid", "correlation_id"]
         if "cuda_api" in self._frames:
-            calls = self.cuda_api if columns is None else self.cuda_api[[*keys, *columns, "rank"]]
+            calls = self.cuda_api if columns is None else self.cuda_api[[*keys, *columns]]
             return calls.merge(kernels[keys].drop_duplicates(), on=keys)
         export = kernels["export"].to_numpy()
         read_columns = None if columns is None else ["pid", "correlation_id", *columns]
@@ -271,7 +272,7 @@ class Trace:
             digest = hashlib.sha256(unique.tobytes() + " ".join(read_columns or []).encode()).hexdigest()[:16]
             return self._read(x, f"cuda_api.launches.{digest}", read)
 
-        return self._gather(matching)
+        return self._gather(matching, with_rank=columns is None)
 
     @property
     def nvtx(self) -> pd.DataFrame:
