@@ -347,9 +347,10 @@ def _clock_factors(k: pd.DataFrame, p: Params, expected: pd.Series) -> pd.Series
     ratio = (clean["dur"] / clean["pos"].map(expected)).dropna()
     step = clean.loc[ratio.index, "stepkey"]
     g = ratio.groupby(step)
-    q1, q3 = step.map(g.quantile(0.25)), step.map(g.quantile(0.75))
+    lower, upper = g.quantile(0.25), g.quantile(0.75)
+    q1, q3 = step.map(lower), step.map(upper)
     factor = ratio[(ratio >= q1) & (ratio <= q3)].groupby(step).mean()
-    spread = (g.quantile(0.75) - g.quantile(0.25)) / g.median()
+    spread = (upper - lower) / g.median()
     # a clock cap slows every kernel of the step alike; ratios that disagree are data, not clocks
     trusted = (g.size() >= p.clock_kernels) & (spread <= p.baseline_spread) & ((factor - 1).abs() > p.clock_tolerance)
     factor = factor.where(trusted, 1.0)
@@ -389,7 +390,9 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
     dur = (compute["end_ns"] - compute["start_ns"]).to_numpy(dtype=np.int64)
     covered = _coverage(compute, comm)
     share = covered / np.maximum(dur, 1)[:, None]
-    mask = ((share >= p.overlap_share) * (1 << np.arange(len(CLASSES)))).sum(axis=1)
+    mask = np.zeros(len(dur), dtype=np.int64)
+    for bit in range(len(CLASSES)):  # a column at a time: a (kernels, classes) sum is strided
+        mask |= (share[:, bit] >= p.overlap_share).astype(np.int64) << bit
     positions = _positions(trace, compute)
     k = compute.assign(dur=dur, clean=covered.sum(axis=1) == 0, cls=mask,
                        grid=compute["grid"].fillna(-1), block=compute["block"].fillna(-1))  # fmt: skip
