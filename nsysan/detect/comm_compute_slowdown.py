@@ -172,7 +172,7 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     few hundred texts, and grouping by a path's code gives the groups in the order of its text.
     """
     n = len(compute)
-    out = pd.DataFrame({"step": np.full(n, -1, dtype=np.int64), "step_text": pd.Series([""] * n, dtype=object),
+    out = pd.DataFrame({"step": np.full(n, -1, dtype=np.int64), "step_text": pd.Series(np.full(n, "", dtype=object), dtype=object),
                         "path": _sorted_categorical(np.zeros(n, dtype=np.int64), np.array([""], dtype=object))})  # fmt: skip
     v = trace.nvtx
     if v.empty:
