@@ -34,6 +34,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from nsysan.ingest.frames import per_distinct_text
 from nsysan.ingest.nccl import EDGE_COLUMNS
 from nsysan.ingest.trace import Trace
 
@@ -65,13 +66,12 @@ def iterations(trace: Trace, ops: pd.DataFrame) -> pd.Series:
 
 
 def _step_numbers(text: pd.Series) -> pd.Series:
-    """The step number each range's text names (NaN where none). Texts are categorical (a PyTorch
-    capture has millions of ranges and a few hundred texts), so the pattern runs once per text."""
-    text = text.astype("category")
-    names = pd.Series(text.cat.categories.astype(object), dtype=object).astype(str)
-    per_text = pd.to_numeric(names.str.extract(STEP, expand=False), errors="coerce").to_numpy(dtype=np.float64)
-    per_text = np.append(per_text, np.nan)  # a range without text (code -1)
-    return pd.Series(per_text[text.cat.codes.to_numpy()], index=text.index)
+    """The step number each range's text names (NaN where none), the pattern run once per text."""
+
+    def numbers(texts: pd.Series) -> np.ndarray:
+        return pd.to_numeric(texts.str.extract(STEP, expand=False), errors="coerce").to_numpy(dtype=np.float64)
+
+    return pd.Series(per_distinct_text(text, numbers), index=text.index)
 
 
 def _candidates(ops: pd.DataFrame, tol_ns: int, tol_share: float, reach: int) -> pd.DataFrame:

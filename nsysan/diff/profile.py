@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from nsysan.ingest.export import NsysExport
-from nsysan.ingest.frames import NVTX_RANGE_TYPES
+from nsysan.ingest.frames import NVTX_RANGE_TYPES, per_distinct_text
 from nsysan.ingest.nccl import attach_nccl_bytes, is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import union_ns
@@ -87,10 +87,8 @@ def _nvtx_steps(trace: Trace, pattern: str) -> pd.DataFrame:
         return pd.DataFrame(columns=["rank", "start_ns", "end_ns"])
     ranges = v[v["event_type"].isin(NVTX_RANGE_TYPES) & v["end_ns"].notna() & v["rank"].notna()]
     rx = re.compile(pattern, re.IGNORECASE)
-    text = ranges["text"].astype("category")  # matched once per distinct text, not per range
-    texts = [*(str(t) for t in text.cat.categories), ""]  # code -1 (no text) is the last: ""
-    hits = np.array([bool(rx.search(t)) for t in texts])
-    r = ranges[hits[text.cat.codes.to_numpy()]].sort_values(["rank", "pid", "tid", "start_ns"])
+    hits = per_distinct_text(ranges["text"], lambda texts: np.array([bool(rx.search(t)) for t in texts], dtype=bool))
+    r = ranges[hits].sort_values(["rank", "pid", "tid", "start_ns"])
     if r.empty:
         return pd.DataFrame(columns=["rank", "start_ns", "end_ns"])
     # a step range inside another one (same thread) is a sub-step: keep the outermost

@@ -487,6 +487,15 @@ NVTX_RANGE_TYPES = ("push_pop", "start_end")
 NVTX_COLUMNS = ("pid", "tid", "start_ns", "end_ns", "event_type", "domain", "text", "payload_int")
 
 
+def per_distinct_text(text: pd.Series, fn: Callable[[pd.Series], np.ndarray]) -> np.ndarray:
+    """``fn`` of each row's text, worked out once per distinct text: ``fn`` takes the distinct
+    texts (str; a missing text as "") and returns one value each. NVTX texts are categorical, and
+    a PyTorch capture holds millions of ranges but a few hundred texts."""
+    text = text.astype("category")
+    distinct = pd.Series([*(str(t) for t in text.cat.categories), ""], dtype=object)  # code -1: the last
+    return np.asarray(fn(distinct))[text.cat.codes.to_numpy()]
+
+
 def nvtx_type_names(x: NsysExport) -> dict[int, str]:
     """eventType id -> nsysan's name for it, from ENUM_NSYS_EVENT_TYPE where the export has it."""
     enum = x.enum("ENUM_NSYS_EVENT_TYPE")
