@@ -102,6 +102,7 @@ class Trace:
         self.input_notes = list(input_notes)
         self._kernel_cache: pd.DataFrame | None = None
         self._frames: dict[str, pd.DataFrame] = {}
+        self._launches: dict[tuple[int, str], pd.DataFrame] = {}  # wide launch-call reads, by export and ids
         self.exports = [
             ExportInfo(
                 index=i,
@@ -267,10 +268,16 @@ class Trace:
             unique = np.unique(wanted)
             read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns,
                                      correlation_ids=unique)  # fmt: skip
-            if self._cache is None:
-                return read(x)
             digest = hashlib.sha256(unique.tobytes() + " ".join(read_columns or []).encode()).hexdigest()[:16]
-            return self._read(x, f"cuda_api.launches.{digest}", read)
+            if read_columns is not None:  # a narrow read: one consumer (the slowdown detector)
+                return read(x) if self._cache is None else self._read(x, f"cuda_api.launches.{digest}", read)
+            # every column of the NCCL kernels' launches: the overview, the diff profile and the
+            # ordering detector each ask for them, so they are read once (a few rows per NCCL kernel)
+            if (index, digest) not in self._launches:
+                self._launches[index, digest] = (
+                    read(x) if self._cache is None else self._read(x, f"cuda_api.launches.{digest}", read)
+                )
+            return self._launches[index, digest].copy()
 
         return self._gather(matching, with_rank=columns is None)
 
