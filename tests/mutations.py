@@ -1,7 +1,9 @@
-"""Deliberate detector bugs that the tests must catch.
+"""Deliberate bugs that the tests must catch: in the detectors and in the transport's wake-ups.
 
 Each mutant is one small source edit that reintroduces a mistake a detector could plausibly make
-(several were the detectors' real behaviour before the truth tests). :func:`killed` applies it to a
+(several were the detectors' real behaviour before the truth tests), or that breaks the rule of
+when the P2P transport rings a peer's doorbell (a lost wake-up only shows as a 2 ms stall, which
+no transfer's data reveals). :func:`killed` applies it to a
 copy of the repository and runs the tests named for it; a mutant the tests do not fail on means
 the tests no longer guard that part of the definition.
 
@@ -36,6 +38,7 @@ GRAPH_CBF = ("tests/test_graph_cbf_truth.py",)
 SLOWDOWN = ("tests/test_slowdown_truth.py",)
 # the real export's test needs ../shared, which the mutant's copy of the repository lacks
 SLICES = ("tests/test_slices.py", "-k", "not real_two_gpu")
+WAKEUPS = ("tests/test_transport_wakeups.py",)
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("ordering: B's own peers never checked", "nsysan/detect/nccl_ordering_stall.py",
@@ -77,6 +80,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "            with trace.export_alone(index, part, None) as one:", SLICES),
     Mutant("slices: rows without a process read by no slice", "nsysan/ingest/slices.py",
            'cond = f"{pid} IS NULL" + (', 'cond = f"{pid} IS NULL AND 0" + (', SLICES),
+    Mutant("transport: a receiver asleep on its doorbell is never rung", "nsysan/transport/p2p.py",
+           "        if self._peer_sleepers[peer][0]:\n", "        if False:\n", WAKEUPS),
+    Mutant("transport: every descriptor rings, even for a peer that polls", "nsysan/transport/p2p.py",
+           "        if self._peer_sleepers[peer][0]:\n", "        if True:\n", WAKEUPS),
 )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Every deliberate detector bug in tests/mutations.py fails the tests named for it.
+"""Every deliberate bug in tests/mutations.py fails the tests named for it.
 
 Each case copies the repository, applies one mutant and runs its tests in a subprocess (about half
 a minute each): the guard that the truth tests still test the definitions they claim to.

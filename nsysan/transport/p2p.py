@@ -230,6 +230,11 @@ class P2PTransport:
         self._inbox_bytes = np.frombuffer(self._inbox.map, np.uint8)
         self._bell = self._inbox_bytes[:4].view(np.uint32)
         self._bell_addr = self._inbox_bytes.ctypes.data
+        self._sleepers = _sleepers_word(self._inbox_bytes)  # peers ring the bell only while this is > 0
+        self._sleeping = 0  # threads asleep on the doorbell
+        self._polling = 0  # user threads in _wait, not asleep: they see every descriptor without a ring
+        self._users_asleep = 0  # user threads in _sleep: whoever completes their operations wakes them
+        self._sleep_lock = threading.Lock()
         self.host = os.environ.get("NSYSAN_P2P_HOST") or socket.gethostname()
         # what a peer reads to find out whether it may read our memory (cross-memory attach)
         self._probe = ctypes.create_string_buffer(f"nsysan-p2p {token} rank {rank}".encode())
@@ -261,6 +266,7 @@ class P2PTransport:
         self._writers: dict[int, ring.RingWriter] = {}
         self._peer_inboxes: dict[int, tuple[Segment, np.ndarray]] = {}
         self._bells: dict[int, int] = {}
+        self._peer_sleepers: dict[int, np.ndarray] = {}
         readable: list[int] = []
         try:
             for r in self._local:
@@ -269,6 +275,7 @@ class P2PTransport:
                 self._peer_inboxes[r] = (seg, view)
                 self._writers[r] = ring.RingWriter(view, rank, slots, slot_bytes)
                 self._bells[r] = view.ctypes.data
+                self._peer_sleepers[r] = _sleepers_word(view)
             readable = self._probe_peers(peers, token)
         finally:
             store.set(f"{self.prefix}/cma/{rank}", json.dumps(readable))
@@ -480,9 +487,12 @@ class P2PTransport:
     def _wait(self, op: _Op, timeout: float | None) -> None:
         """Drive progress from the waiting thread (no hand-off to another thread on the fast path):
         poll the rings, spin briefly, then sleep on our doorbell until a peer rings it."""
+        if op.done.is_set():  # e.g. a small send, complete once posted
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         idle_since = None
         self._waiters += 1
+        self._note(polling=1)
         try:
             while not op.done.is_set():
                 now = time.monotonic()
@@ -504,11 +514,13 @@ class P2PTransport:
                 if idle_since is None:
                     idle_since = now
                 elif now - idle_since >= self._spin_s:
-                    futex.wait(
-                        self._bell_addr, bell, 0.002 if deadline is None else max(0.0, min(0.002, deadline - now))
-                    )
+                    self._sleep(bell, 0.002 if deadline is None else max(0.0, min(0.002, deadline - now)), op)
         finally:
             self._waiters -= 1
+            if self._note(polling=-1):  # peers ring our sleepers again: wake them for what came meanwhile
+                futex.full_fence()
+                if any(r.pending() for r in self._readers.values()):
+                    futex.bump_and_wake(self._bell_addr)
             if not self._waiters and self._background_needed():
                 self._unpark()  # the background thread takes over at once
 
@@ -535,17 +547,46 @@ class P2PTransport:
                 self._parked = False
                 continue
             bell = int(self._bell[0])
-            if self._lock.acquire(blocking=False):
+            with self._lock:  # held by a user thread for a moment at most: wait for it (the GIL is let go)
                 try:
                     progressed = self._poll()
                 except Exception:
                     progressed = False
-                finally:
-                    self._lock.release()
-                if progressed or self._idle_on_copy():
-                    continue
+            if progressed or self._idle_on_copy():
+                continue
             busy = self._pending or any(self._backlog.values())
-            futex.wait(self._bell_addr, bell, 0.002 if busy else 0.05)
+            self._sleep(bell, 0.002 if busy else 0.05)
+
+    def _sleep(self, bell: int, timeout: float, op: _Op | None = None) -> None:
+        """Sleep on our doorbell until it rings (or ``timeout`` s); ``op``: the operation a user
+        thread waits for. ``bell`` is the doorbell's value read before the last look at the rings.
+
+        Peers ring only while our sleepers word is above 0 (a wake-up syscall per message costs
+        more than the message while we poll), so raise it, fence, and look at the rings once more: a
+        peer that saw the word still 0 had published its descriptor before our fence, so it is
+        seen here (Dekker's pattern: the peer stores head, fences, loads the word). Another thread
+        of ours may take the descriptor and complete ``op``; it rings our doorbell when it sees a
+        user thread asleep (``_poll``), or ``op`` is seen done here."""
+        user = op is not None
+        self._note(polling=-user, sleeping=1, users=user)
+        try:
+            futex.full_fence()
+            if not (op is not None and op.done.is_set()) and not any(r.pending() for r in self._readers.values()):
+                futex.wait(self._bell_addr, bell, timeout)
+        finally:
+            self._note(polling=user, sleeping=-1, users=-user)
+
+    def _note(self, polling: int = 0, sleeping: int = 0, users: int = 0) -> bool:
+        """Count threads polling and asleep, and publish the sleepers word peers read before
+        ringing: the sleepers while no user thread polls (one that polls sees every descriptor, and
+        completes or wakes the others: ``_poll``), else 0. True when peers should ring."""
+        with self._sleep_lock:
+            self._polling += polling
+            self._sleeping += sleeping
+            self._users_asleep += users
+            ring_me = 0 if self._polling else self._sleeping
+            self._sleepers[0] = ring_me
+        return ring_me > 0
 
     def _poll(self) -> bool:
         """One round of progress (lock held). True when something moved."""
@@ -563,7 +604,7 @@ class P2PTransport:
             writer = self._writers[dst]
             while queue and writer.put(queue[0][0], **queue[0][1]):
                 queue.popleft()
-                futex.bump_and_wake(self._bells[dst])
+                self._ring(dst)
                 progressed = True
         for dst in self._outbox:
             progressed |= self._flush(dst)
@@ -588,6 +629,8 @@ class P2PTransport:
         if self._pending and now >= self._next_check:
             self._next_check = now + _CHECK_EVERY_S
             self._check(now)
+        if progressed and self._users_asleep:  # what moved may be what they wait for (see _sleep)
+            futex.bump_and_wake(self._bell_addr)
         return progressed
 
     def _ask_wake(self, on: bool) -> None:
@@ -610,11 +653,17 @@ class P2PTransport:
                 fields["blob"] = fields["blob"].tobytes()  # the caller may reuse its buffer at once
             queue.append((kind, fields))
             return
-        if quiet:
-            futex.full_fence()  # head is visible before we read the flag (the peer: flag, fence, head)
-            if not writer.wants_wake():
-                return
-        futex.bump_and_wake(self._bells[peer])
+        self._ring(peer, quiet)
+
+    def _ring(self, peer: int, quiet: bool = False) -> None:
+        """Ring ``peer``'s doorbell after publishing to it, if a thread of it sleeps there (and, for a
+        ``quiet`` descriptor, it asked to be woken for those too). Both are flags the peer stores
+        before looking at its rings again, so head must be visible before we load them."""
+        futex.full_fence()
+        if quiet and not self._writers[peer].wants_wake():
+            return
+        if self._peer_sleepers[peer][0]:
+            futex.bump_and_wake(self._bells[peer])
 
     def _arrived(self, src: int, reader: ring.RingReader, d: ring.Descriptor) -> None:
         """Handle one descriptor from ``src`` while it is still in its slot."""
@@ -939,13 +988,14 @@ class P2PTransport:
         with self._lock:
             self._settling = True  # our chunks' acknowledgements wake us from now on (see _poll)
         while time.monotonic() < deadline:
+            bell = int(self._bell[0])
             with self._lock:
                 self._poll()
                 owed = [p for p in self._chunk_peer.values() if p not in self._dead]
                 queued = any(q for p, q in self._backlog.items() if p not in self._dead)
             if not owed and not queued:
                 return
-            futex.wait(self._bell_addr, int(self._bell[0]), 0.001)
+            self._sleep(bell, 0.001)
 
     def close(self) -> None:
         """Stop progress, fail what is still pending, unmap everything and remove our segments."""
@@ -976,7 +1026,9 @@ class P2PTransport:
             self._peer_inboxes.clear()
             self._peer_pools.clear()
             self._mapped.clear()
+            self._peer_sleepers.clear()
             self._inbox_bytes = self._bell = self._pool_bytes = None  # type: ignore[assignment]  # unmapped below
+            self._sleepers = np.zeros(1, np.uint32)  # a thread still leaving _wait may count itself out
             self._pool = None
             for seg in maps:
                 seg.close()
@@ -1004,6 +1056,11 @@ def _forget_segment(owner: weakref.ref, base: int, path: str) -> None:
             futex.bump_and_wake(transport._bell_addr)
             if transport._parked and not transport._waiters:
                 transport._unpark()
+
+
+def _sleepers_word(inbox: np.ndarray) -> np.ndarray:
+    """The sleepers word of an inbox (``ring.py``) as a one-element view: aligned 4-byte loads/stores."""
+    return inbox[ring.SLEEPERS_AT : ring.SLEEPERS_AT + 4].view(np.uint32)
 
 
 def _alive(pid: int) -> bool:

@@ -1,7 +1,9 @@
 """The control ring: one single-producer, single-consumer queue of message descriptors per ordered
 pair of ranks, in the receiver's *inbox* (a shared-memory segment every peer maps once).
 
-Inbox layout: a 32-bit doorbell at offset 0 (a futex word every producer bumps after publishing),
+Inbox layout: a 32-bit doorbell at offset 0 (a futex word a producer bumps after publishing, when
+the receiver sleeps), the receiver's 32-bit *sleepers* word at offset 64 (how many of its threads
+sleep, or are about to, on the doorbell; while it is 0 the receiver is polling and nobody rings),
 then one ring per possible sender, each ``128 + slots * slot_bytes`` bytes rounded to a page:
 
 * ``head`` (u64, offset 0): descriptors published, written only by the sender;
@@ -39,6 +41,7 @@ _SHAPE_AT = _HEADER.size
 _BLOB_AT = _SHAPE_AT + 8 * MAX_DIMS
 _RING_HEADER = 128
 DOORBELL_BYTES = 4096
+SLEEPERS_AT = 64  # in the doorbell's page, on its own cache line
 
 
 @dataclass
@@ -136,6 +139,10 @@ class RingReader(_Ring):
 
     def blob(self, d: Descriptor) -> np.ndarray:
         return self.bytes[d.blob_at : d.blob_at + d.blob_len]
+
+    def pending(self) -> bool:
+        """Whether a descriptor waits (a look at ``head`` only: no lock, nothing consumed)."""
+        return int(self._head[0]) != self.tail
 
     def ask_wake(self, on: bool) -> None:
         """Ask the sender to ring the doorbell for every descriptor (``on``) or only for the ones
