@@ -83,12 +83,45 @@ def _range(message: str, nbytes: int):
     return nvtx.annotate(message, domain="nsysan", payload=nbytes) if nvtx is not None else contextlib.nullcontext()
 
 
+class _Done:
+    """Whether an operation finished: a flag, with a ``threading.Event`` made only for a thread that
+    must block on it. Driving threads just look at the flag, and an Event per operation (1.5 us to
+    make) was a tenth of a small message's one-way time."""
+
+    __slots__ = ("_event", "_set")
+    _making = threading.Lock()  # one Event per operation, however many threads wait
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None) -> bool:
+        if self._set:
+            return True
+        with _Done._making:
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if self._set:  # set() ran before the Event existed
+            return True
+        return event.wait(timeout)
+
+
 class _Op:
     """One send or receive: what it moves and how far it got."""
 
     def __init__(self, what: str, peer: int, tag: int, deadline: float) -> None:
         self.what, self.peer, self.tag, self.deadline = what, peer, tag, deadline
-        self.done = threading.Event()
+        self.done = _Done()
         self.error: BaseException | None = None
         self.msg_id = 0
         self.nbytes = 0
