@@ -263,20 +263,18 @@ class Trace:
             ):
                 read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns)
                 name = "cuda_api." + hashlib.sha256(" ".join(read_columns).encode()).hexdigest()[:16]
-                every = read(x) if self._cache is None else self._read(x, name, read)
+                every = self._read(x, name, read)
                 return every[every["correlation_id"].isin(wanted)].reset_index(drop=True)
             unique = np.unique(wanted)
             read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns,
                                      correlation_ids=unique)  # fmt: skip
             digest = hashlib.sha256(unique.tobytes() + " ".join(read_columns or []).encode()).hexdigest()[:16]
             if read_columns is not None:  # a narrow read: one consumer (the slowdown detector)
-                return read(x) if self._cache is None else self._read(x, f"cuda_api.launches.{digest}", read)
+                return self._read(x, f"cuda_api.launches.{digest}", read)
             # every column of the NCCL kernels' launches: the overview, the diff profile and the
             # ordering detector each ask for them, so they are read once (a few rows per NCCL kernel)
             if (index, digest) not in self._launches:
-                self._launches[index, digest] = (
-                    read(x) if self._cache is None else self._read(x, f"cuda_api.launches.{digest}", read)
-                )
+                self._launches[index, digest] = self._read(x, f"cuda_api.launches.{digest}", read)
             return self._launches[index, digest].copy()
 
         return self._gather(matching, with_rank=columns is None)
