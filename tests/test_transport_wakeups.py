@@ -14,17 +14,30 @@ from tests.test_transport import run_ranks
 torch = __import__("torch") if IN_CI else pytest.importorskip("torch")
 
 
+def _count_rings(t, peer):
+    """Patch futex.bump_and_wake to count the doorbells rung on ``peer``; returns (rings, undo)."""
+    from nsysan.transport import futex
+
+    rings, real = [], futex.bump_and_wake
+
+    def counting(addr):
+        if addr == t._bells[peer]:
+            rings.append(addr)
+        real(addr)
+
+    futex.bump_and_wake = counting
+    return rings, lambda: setattr(futex, "bump_and_wake", real)
+
+
 def eager_rings(store, rank, world):
     """Rank 0 sends 40 eager messages (64 KiB) one at a time; rank 1 counts the doorbells it rings
     on rank 0 while receiving them (none: nothing it posts there needs one)."""
-    from nsysan.transport import P2PTransport, futex
+    from nsysan.transport import P2PTransport
 
     result = {}
     with P2PTransport(store, rank, world, timeout=60) as t:
         if rank == 1:
-            rings = []
-            real = futex.bump_and_wake
-            futex.bump_and_wake = lambda addr: (rings.append(addr), real(addr))[1]
+            rings, undo = _count_rings(t, 0)
         for i in range(40):
             if rank == 0:
                 t.isend(torch.full((16 << 10,), i, dtype=torch.int32), 1, tag=4).wait(timeout=30)
@@ -35,8 +48,8 @@ def eager_rings(store, rank, world):
                 result.setdefault("values", []).append(int(out.min()) if int(out.min()) == int(out.max()) else -1)
                 store.set(f"got/{i}", "1")
         if rank == 1:
-            futex.bump_and_wake = real
-            result["rings_to_sender"] = sum(1 for a in rings if a == t._bells[0])
+            undo()
+            result["rings_to_sender"] = len(rings)
         store.set(f"er/{rank}", "1")
         store.wait([f"er/{r}" for r in range(world)])
         result["free_chunks"] = len(t._free_chunks) if t._pool is not None else None
@@ -81,21 +94,6 @@ def test_a_sender_out_of_pool_chunks_is_woken_by_acknowledgements_and_stops_aski
     assert r[1]["bad"] == []
     assert r[0]["asked"] is False  # its queue drained: acknowledgements are quiet again
     assert r[0]["seconds"] < 30
-
-
-def _count_rings(t, peer):
-    """Patch futex.bump_and_wake to count the doorbells rung on ``peer``; returns (rings, undo)."""
-    from nsysan.transport import futex
-
-    rings, real = [], futex.bump_and_wake
-
-    def counting(addr):
-        if addr == t._bells[peer]:
-            rings.append(addr)
-        real(addr)
-
-    futex.bump_and_wake = counting
-    return rings, lambda: setattr(futex, "bump_and_wake", real)
 
 
 def polling_ping_pong(store, rank, world):

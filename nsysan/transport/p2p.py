@@ -552,7 +552,7 @@ class P2PTransport:
             self._waiters -= 1
             if self._note(polling=-1):  # peers ring our sleepers again: wake them for what came meanwhile
                 futex.full_fence()
-                if any(r.pending() for r in self._readers.values()):
+                if self._descriptor_waiting():
                     futex.bump_and_wake(self._bell_addr)
             if not self._waiters and self._background_needed():
                 self._unpark()  # the background thread takes over at once
@@ -604,10 +604,14 @@ class P2PTransport:
         self._note(polling=-user, sleeping=1, users=user)
         try:
             futex.full_fence()
-            if not (op is not None and op.done.is_set()) and not any(r.pending() for r in self._readers.values()):
+            if not (op is not None and op.done.is_set()) and not self._descriptor_waiting():
                 futex.wait(self._bell_addr, bell, timeout)
         finally:
             self._note(polling=user, sleeping=-1, users=-user)
+
+    def _descriptor_waiting(self) -> bool:
+        """Whether a ring holds a descriptor nobody took yet (a look at the heads: no lock needed)."""
+        return any(reader.pending() for reader in self._readers.values())
 
     def _note(self, polling: int = 0, sleeping: int = 0, users: int = 0) -> bool:
         """Count threads polling and asleep, and publish the sleepers word peers read before
