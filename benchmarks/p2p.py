@@ -16,9 +16,12 @@ ordinary tensor whose memory lies in transparent huge pages, as torch allocates 
 ``process_vm_readv``, one copy; latency sizes do not differ), ``p2p CMA 4K`` (the 4 KiB-page tensor
 read directly all the same, ``cma_pages="any"``: what the transport avoids), ``p2p empty()`` (sending a tensor
 made by ``transport.empty()``: the receiver copies straight out of it), ``gloo``
-(``torch.distributed`` send/recv over loopback TCP), and ``raw copy``: ``dst.copy_(src)`` of the
+(``torch.distributed`` send/recv over loopback TCP), ``raw copy``: ``dst.copy_(src)`` of the
 same bytes in one process (4 KiB pages), the machine's memory-copy speed (the physical limit; its
-latency column is one copy). Every cell
+latency column is one copy), and ``2 copies`` (bandwidth only, x86-64): the same bytes pipelined
+through 8 shared 1 MiB chunks by two plain copies, rank 0 in and rank 1 out, with no protocol
+(two counters in shared memory, spun on): what the pool's two copies cost on this machine before
+any transport overhead, the reference for ``p2p``. Every cell
 is the best of ``--repeat`` measurements; for bandwidth each round measures the raw copy and every
 way once, in turn, so the best of each come from the same minutes (a shared machine's copy speed
 drifts). Targets: 4 KiB one-way <= gloo's; at 64 MiB the transport
@@ -32,6 +35,7 @@ import datetime as dt
 import json
 import multiprocessing as mp
 import os
+import platform
 import socket
 import sys
 import time
@@ -42,7 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 KIB, MIB = 1024, 1 << 20
 LATENCY_SIZES = [4, 64, KIB, 4 * KIB, 16 * KIB, 64 * KIB]
 BANDWIDTH_SIZES = [64 * KIB, MIB, 16 * MIB, 64 * MIB, 256 * MIB]
-WAYS = ["p2p", "p2p THP", "p2p CMA 4K", "p2p empty()", "gloo"]
+WAYS = ["p2p", "p2p THP", "p2p CMA 4K", "p2p empty()", "gloo", "2 copies"]
+# The reference pipeline spins on plain loads and stores, which order as it needs only on x86-64 (TSO).
+TWO_COPIES = platform.machine() in ("x86_64", "AMD64")
 LATENCY_WAYS = ["p2p", "p2p empty()", "gloo"]  # small messages: the pages of the tensor do not matter
 _KEEP: list[object] = []  # mappings behind the THP tensors
 
@@ -61,6 +67,56 @@ def _thp_tensor(nbytes: int):  # -> torch.Tensor (torch is imported in the worke
     ctypes.CDLL(None).madvise(ctypes.c_void_p(base + skip), ctypes.c_size_t(nbytes), 14)  # MADV_HUGEPAGE
     _KEEP.append(m)
     return torch.frombuffer(m, dtype=torch.uint8)[skip : skip + nbytes]
+
+
+class _TwoCopies:
+    """Two plain copies pipelined through shared chunks: rank 0 copies in, rank 1 copies out.
+
+    Counters (in shared memory): ``staged`` (written by rank 0) and ``taken`` (by rank 1), each
+    on its own cache line. On x86-64 stores are seen in order and loads run in order, so a counter
+    read before the chunk it covers is enough; each numpy access is a separate C call, so nothing
+    reorders them in between."""
+
+    CHUNK, CHUNKS = MIB, 8
+
+    def __init__(self, rank: int, port: int, barrier) -> None:
+        import numpy as np
+
+        path = Path(f"/dev/shm/nsysan-bench-two-copies-{port}")
+        size = 4096 + self.CHUNK * self.CHUNKS
+        if rank == 0:
+            with path.open("wb") as f:
+                f.truncate(size)
+        barrier()
+        self._map = np.memmap(path, np.uint8, "r+", shape=(size,))
+        barrier()
+        if rank == 0:
+            path.unlink()
+        counters = self._map[:4096].view(np.int64)
+        self.staged, self.taken = counters[0:1], counters[64:65]
+        self.pool = self._map[4096:]
+
+    def send(self, src) -> None:  # rank 0
+        chunk, chunks, pool, data = self.CHUNK, self.CHUNKS, self.pool, src.numpy()
+        base = int(self.staged[0])
+        for i, at in enumerate(range(0, len(data), chunk)):
+            n = min(chunk, len(data) - at)
+            while base + i - int(self.taken[0]) >= chunks:
+                pass
+            slot = (base + i) % chunks * chunk
+            pool[slot : slot + n] = data[at : at + n]
+            self.staged[0] = base + i + 1
+
+    def recv(self, out) -> None:  # rank 1
+        chunk, chunks, pool, data = self.CHUNK, self.CHUNKS, self.pool, out.numpy()
+        base = int(self.taken[0])
+        for i, at in enumerate(range(0, len(data), chunk)):
+            n = min(chunk, len(data) - at)
+            while int(self.staged[0]) <= base + i:
+                pass
+            slot = (base + i) % chunks * chunk
+            data[at : at + n] = pool[slot : slot + n]
+            self.taken[0] = base + i + 1
 
 
 def _count(nbytes: int) -> int:
@@ -83,6 +139,7 @@ def _worker(rank: int, port: int, sizes: dict[str, list[int]], repeat: int, queu
     )  # direct reads of 4 KiB pages
     done = torch.zeros(1, dtype=torch.uint8)
     results = []
+    two = _TwoCopies(rank, port, dist.barrier) if TWO_COPIES else None
 
     def raw(nbytes: int, count: int) -> float:
         src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
@@ -138,9 +195,18 @@ def _worker(rank: int, port: int, sizes: dict[str, list[int]], repeat: int, queu
         best = dict.fromkeys([*WAYS, "raw copy"], float("inf"))
         for _ in range(repeat):  # each round measures every way once: the best of each covers the same minutes
             for way in ["raw copy", *WAYS]:
+                if way == "2 copies" and two is None:
+                    continue
                 dist.barrier()
                 start = time.perf_counter()
-                if way == "raw copy":
+                if way == "2 copies" and two is not None:
+                    for _ in range(count):
+                        if rank == 0:
+                            two.send(bufs["p2p"])
+                        else:
+                            two.recv(out)
+                    dist.barrier()  # rank 0's time includes the last chunk's copy out
+                elif way == "raw copy":
                     if rank == 0:
                         for _ in range(count):
                             raw_dst.copy_(raw_src)
@@ -212,20 +278,23 @@ def main() -> None:
         us = {w: row[w]["seconds"] * 1e6 for w in row}
         print(f"{_size(nbytes):>8} | " + " | ".join(f"{us[w]:11.1f}" for w in [*LATENCY_WAYS, "raw copy"])
               + f" | {us['p2p'] / us['gloo']:13.2f}")  # fmt: skip
-    print("\nbandwidth (GiB/s)")
-    names = ("p2p/raw", "THP/raw", "cma4K/raw", "empty/raw", "p2p/gloo", "THP/gloo", "cma4K/gloo", "empty/gloo")
+    print("\nbandwidth (GiB/s; 2 copies: the pool's two copies with no protocol, n/a off x86-64)")
+    names = ("p2p/raw", "THP/raw", "cma4K/raw", "empty/raw", "p2p/gloo", "THP/gloo", "cma4K/gloo", "empty/gloo",
+             "2copies/raw", "p2p/2copies")  # fmt: skip
     print(f"{'size':>8} | " + " | ".join(f"{w:>11}" for w in [*WAYS, "raw copy"]) + " | " + " | ".join(names))
     summary = {}
     for nbytes in sizes["bandwidth"]:
         row = cell[("bandwidth", nbytes)]
-        g = {w: nbytes * row[w]["count"] / row[w]["seconds"] / 2**30 for w in row}
+        g = {w: nbytes * row[w]["count"] / row[w]["seconds"] / 2**30 for w in row if row[w]["seconds"] != float("inf")}
         ratios = [
             g[w] / g[base] for base in ("raw copy", "gloo") for w in ("p2p", "p2p THP", "p2p CMA 4K", "p2p empty()")
         ]
-        print(f"{_size(nbytes):>8} | " + " | ".join(f"{g[w]:11.2f}" for w in [*WAYS, "raw copy"])
+        two = g.get("2 copies")
+        ratios += [two / g["raw copy"], g["p2p"] / two] if two else [float("nan")] * 2
+        print(f"{_size(nbytes):>8} | " + " | ".join(f"{g[w]:11.2f}" if w in g else f"{'n/a':>11}" for w in [*WAYS, "raw copy"])
               + " | " + " | ".join(f"{x:{len(n)}.2f}" for x, n in zip(ratios, names, strict=True)))  # fmt: skip
         if nbytes == 64 * MIB:
-            summary = {n.replace("/", "_over_"): round(x, 2) for n, x in zip(names, ratios, strict=True)}
+            summary = {n.replace("/", "_over_"): round(x, 2) for n, x in zip(names, ratios, strict=True) if x == x}
     lat4k = cell[("latency", 4 * KIB)]
     summary["p2p_4KiB_one_way_us"] = round(lat4k["p2p"]["seconds"] * 1e6, 1)
     summary["gloo_4KiB_one_way_us"] = round(lat4k["gloo"]["seconds"] * 1e6, 1)
