@@ -3,11 +3,18 @@ range. The oracle is the string definition: a range's path is its parent's path,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
+from nsysan.detect import comm_compute_slowdown as slowdown
 from nsysan.detect.comm_compute_slowdown import _enclosing, _one_per_launch, _texts
+from nsysan.ingest import load_trace
+from nsysan.ingest.trace import Trace
+
+SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
 
 
 def _nested(rng: np.random.Generator, n: int) -> pd.DataFrame:
@@ -95,3 +102,50 @@ def test_one_row_per_launch_is_the_first_of_each_as_drop_duplicates_keeps(seed):
         calls.loc[::7, "pid"] = -1  # a pid the packed key cannot hold
     got = _one_per_launch(calls)
     pd.testing.assert_frame_equal(got, calls.drop_duplicates(["export", "pid", "correlation_id"]))
+
+
+def _judged(trace: Trace) -> pd.DataFrame:
+    """The verdicts, with step ids as their order among steps (ids count the ranges considered)
+    and paths as texts (categories list every path seen, enclosing or not)."""
+    k = slowdown.judge(trace, slowdown.Params())
+    assert k is not None
+    step = k["step"].to_numpy().copy()
+    order = np.unique(step[step >= 0], return_inverse=True)[1]
+    step[step >= 0] = order
+    return k.assign(step=step, path=k["path"].astype(object))
+
+
+def _with_nccl_ranges_as(trace: Trace, domain: str) -> None:
+    """Move the trace's NCCL ranges into ``domain``, as if a user had pushed them."""
+    v = trace.nvtx.copy()
+    nccl = v["domain"] == "NCCL"
+    assert nccl.any()
+    v["domain"] = v["domain"].cat.add_categories([domain]).mask(nccl, domain)
+    trace._frames["nvtx"] = v
+
+
+def test_nccl_ranges_enclose_no_compute_launch_on_a_real_capture():
+    """NCCL's ranges are left out of program positions; counted as user ranges they change nothing
+    (allreduce-2rank: NCCL ranges beside the user's "train" ranges)."""
+    with load_trace([SAMPLES / "allreduce-2rank.sqlite"], cache=None) as plain:
+        want = _judged(plain)
+    with load_trace([SAMPLES / "allreduce-2rank.sqlite"], cache=None) as moved:
+        _with_nccl_ranges_as(moved, "user")
+        got = _judged(moved)
+    assert (want["path"] != "").any()
+    pd.testing.assert_frame_equal(got, want)
+
+
+def test_a_capture_with_only_nccl_ranges_reads_no_launch_calls(monkeypatch):
+    """Without user ranges there is no position to find, so the million launch calls of a large
+    capture are not read (allreduce-2rank with its "train" ranges dropped)."""
+    with load_trace([SAMPLES / "allreduce-2rank.sqlite"], cache=None) as trace:
+        v = trace.nvtx
+        trace._frames["nvtx"] = v[(v["domain"] == "NCCL") | (v["event_type"] != "push_pop")]
+        with monkeypatch.context() as m:
+            m.setattr(Trace, "launch_calls", lambda *a, **kw: pytest.fail("launch calls read"))
+            got = _judged(trace)
+        _with_nccl_ranges_as(trace, "user")
+        want = _judged(trace)  # the same ranges as a user's: read, and enclosing no compute launch
+    assert (got["path"] == "").all()
+    pd.testing.assert_frame_equal(got, want)

@@ -20,13 +20,13 @@ An instance of a compute kernel is *slowed by* a class of communication when
 "The same kernel" is the demangled name + grid + block (short names are shared by unrelated
 kernels: every PyTorch elementwise functor is ``vectorized_elementwise_kernel``, apex's Adam and a
 unary functor are both ``multi_tensor_apply_kernel``). "The same program position" is the path
-of NVTX push/pop ranges enclosing the kernel's launch call on its thread, digits replaced by
-``#`` ("step 12/backward" -> "step #/backward"), plus the kernel's ordinal among the kernels of
-its signature and path within its step (a wgrad GEMM in "backward" does more work than the
-forward GEMM of the same name and shape). A *step* is the outermost enclosing range instance
-whose path occurs more than once on its thread ("step 12"; a wrapper seen once, like "Epoch 2"
-or "Jacobi Solve", is not a step). Kernels launched outside any step (or traces without NVTX)
-are compared by signature alone, over the whole trace as one step.
+of NVTX push/pop ranges (other than NCCL's own) enclosing the kernel's launch call on its thread,
+digits replaced by ``#`` ("step 12/backward" -> "step #/backward"), plus the kernel's ordinal
+among the kernels of its signature and path within its step (a wgrad GEMM in "backward" does
+more work than the forward GEMM of the same name and shape). A *step* is the outermost
+enclosing range instance whose path occurs more than once on its thread ("step 12"; a wrapper
+seen once, like "Epoch 2" or "Jacobi Solve", is not a step). Kernels launched outside any step
+(or traces without NVTX) are compared by signature alone, over the whole trace as one step.
 
 A baseline is valid with as few as ``min_samples`` (2) clean instances when they agree: their
 spread (90th - 10th percentile; max - min up to 10 samples) is at most ``baseline_spread`` of
@@ -84,7 +84,7 @@ from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
 from nsysan.detect.registry import param, register
 from nsysan.findings import Finding, Severity
 from nsysan.ingest.frames import unpack_shape
-from nsysan.ingest.nccl import NCCL_COLUMNS, is_communication
+from nsysan.ingest.nccl import NCCL_COLUMNS, NCCL_DOMAIN, is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
 
@@ -177,7 +177,9 @@ def _positions(trace: Trace, compute: pd.DataFrame) -> pd.DataFrame:
     v = trace.nvtx
     if v.empty:
         return out
-    r = v[(v["event_type"] == "push_pop") & v["start_ns"].notna() & v["end_ns"].notna()]
+    # NCCL's own ranges wrap its API calls, which launch only NCCL kernels: they never enclose a
+    # compute launch, and a capture without user ranges then needs no launch call read at all
+    r = v[(v["event_type"] == "push_pop") & (v["domain"] != NCCL_DOMAIN) & v["start_ns"].notna() & v["end_ns"].notna()]
     r = r[r["end_ns"] > r["start_ns"]]
     if r.empty or "correlation_id" not in compute:
         return out
