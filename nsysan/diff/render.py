@@ -4,7 +4,6 @@ format shows the same tables, built once by :func:`sections`."""
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 import nsysan.report.format as fmt
-from nsysan.report.renderers import print_table
+from nsysan.report.renderers import dump_json, print_table
 from nsysan.report.sections import Table
 from nsysan.report.templating import render
 
@@ -150,7 +149,7 @@ def notes(doc: dict[str, Any]) -> list[str]:
 
 
 def render_json(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2) + "\n"
+    return dump_json(doc)
 
 
 def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = False) -> str:
