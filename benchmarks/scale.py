@@ -12,6 +12,9 @@ module and step, as PyTorch writes them), then times in fresh child processes:
 * report cold:     ``nsysan report --format json`` with an empty frame cache (it fills it);
 * report cached:   the same again, reading the cache;
 * report no-cache: ``--no-cache``.
+* no-cache, text:  ``--no-cache`` in the default format (the terminal's text, no diff profile).
+* imports alone:   importing what a report imports, and nothing read: the floor under any
+                   report on nsysan's stack (pandas, pyarrow, SQLAlchemy), in CPU and in memory.
 * phases:          the no-cache report's steps timed in one process (CPU seconds): where the time
                    goes between the floors and the report.
 * with ``--slices``: the no-cache report mapped by slices of the export's 8 processes, in one
@@ -69,6 +72,11 @@ cur = con.cursor()
 cur.execute(sys.argv[2])
 print(cur.fetch_arrow_table().num_rows)
 """
+
+
+_IMPORTS = (
+    "import nsysan.cli, nsysan.engine, nsysan.detect, nsysan.overview, nsysan.diff.profile, nsysan.report.renderers"
+)
 
 
 def nsys_binary() -> str | None:
@@ -222,6 +230,8 @@ def main() -> None:
                 ("report cold", [*report, "--cache", str(cache)]),
                 ("report cached", [*report, "--cache", str(cache)]),
                 ("report no-cache", [*report, "--no-cache"]),
+                ("no-cache, text", [py, "-m", "nsysan", "report", str(path), "--workers", "0", "--no-cache"]),
+                ("imports alone", [py, "-c", _IMPORTS]),
             ]  # fmt: skip
             for name, cmd in steps:
                 runs.setdefault(name, []).append(measure(cmd, env=env))
@@ -236,13 +246,24 @@ def main() -> None:
             "cached_over_cold_cpu": cached["cpu_s"] / cold["cpu_s"],
             "cold_rss_over_file_size": cold["rss_mib"] / mib,
         }
+        imports = row["imports alone"]
+        ratios["imports_rss_over_file_size"] = imports["rss_mib"] / mib
+        ratios["imports_and_arrow_fetch_over_arrow_fetch_cpu"] = (imports["cpu_s"] + arrow["cpu_s"]) / arrow["cpu_s"]
         if "nsys stats gpukernsum" in row:
-            ratios["cold_over_nsys_stats_cpu"] = cold["cpu_s"] / row["nsys stats gpukernsum"]["cpu_s"]
+            nsys_cpu = row["nsys stats gpukernsum"]["cpu_s"]
+            ratios["cold_over_nsys_stats_cpu"] = cold["cpu_s"] / nsys_cpu
+            ratios["imports_and_arrow_fetch_over_nsys_stats_cpu"] = (imports["cpu_s"] + arrow["cpu_s"]) / nsys_cpu
         print(
             f"  ratios: cold/arrow {ratios['cold_over_arrow_fetch_cpu']:.2f}x (target <= 2), "
             + (f"cold/nsys {ratios['cold_over_nsys_stats_cpu']:.2f}x (target < 1), " if nsys else "")
             + f"cached/cold {ratios['cached_over_cold_cpu']:.2f} (target <= 0.20), "
             f"RSS/file {ratios['cold_rss_over_file_size']:.2f} (target <= 1)"
+        )
+        floor = ratios.get("imports_and_arrow_fetch_over_nsys_stats_cpu")
+        print(
+            f"  floors: imports alone peak at {ratios['imports_rss_over_file_size']:.2f}x the file; imports + arrow "
+            + (f"fetch take {floor:.2f}x nsys stats' CPU and " if floor is not None else "fetch take ")
+            + f"{ratios['imports_and_arrow_fetch_over_arrow_fetch_cpu']:.2f}x the arrow fetch's"
         )
         spent = phases(py, path)
         print("  phases of the no-cache report (CPU s): " + ", ".join(f"{k} {v:.2f}" for k, v in spent.items())
