@@ -143,10 +143,11 @@ def sleeping_receiver(store, rank, world):
             rings, undo = _count_rings(t, 1)
             for i in range(20):
                 store.wait([f"sr/posted/{i}"])
-                deadline = time.monotonic() + 10
-                while not t._peer_sleepers[1][0] and time.monotonic() < deadline:
-                    time.sleep(0.0005)
-                asleep = bool(t._peer_sleepers[1][0])
+                deadline, asleep = time.monotonic() + 10, False
+                while not asleep and time.monotonic() < deadline:  # what was seen, not a second look:
+                    asleep = bool(t._peer_sleepers[1][0])  # the 2 ms backstop may lower it in between
+                    if not asleep:
+                        time.sleep(0.0005)
                 t.isend(torch.full((8,), i, dtype=torch.int64), 1).wait(timeout=30)
                 result.setdefault("asleep", []).append(asleep)
             undo()
