@@ -61,9 +61,8 @@ def dump_json(doc: Any, default: Callable[[Any], Any] | None = None) -> str:
     """``doc`` as indented JSON with each list of plain numbers on one line.
 
     A profile's per-step series hold tens of thousands of numbers: one per line they make a
-    150,000-line report of a 1M-kernel export, and Python's indenting encoder is pure Python,
-    several times slower than the compact one that writes the series here (0.22 s of that
-    report's 3 s).
+    150,000-line report of a 1M-kernel export. Python's indenting encoder is pure Python; the
+    compact one, which writes the series here, is C (that report's JSON: 0.02 s against 0.06 s).
     """
     series: list[str] = []
     token = secrets.token_hex(8)  # a placeholder no text of the trace can equal by chance
