@@ -12,6 +12,7 @@ import pytest
 from nsysan.detect import comm_compute_slowdown as slowdown
 from nsysan.detect.comm_compute_slowdown import _enclosing, _one_per_launch, _texts
 from nsysan.ingest import load_trace
+from nsysan.ingest.nccl import NCCL_DOMAIN
 from nsysan.ingest.trace import Trace
 
 SAMPLES = Path(__file__).resolve().parent.parent / "fixtures" / "samples"
@@ -118,7 +119,7 @@ def _judged(trace: Trace) -> pd.DataFrame:
 def _with_nccl_ranges_as(trace: Trace, domain: str) -> None:
     """Move the trace's NCCL ranges into ``domain``, as if a user had pushed them."""
     v = trace.nvtx.copy()
-    nccl = v["domain"] == "NCCL"
+    nccl = v["domain"] == NCCL_DOMAIN
     assert nccl.any()
     v["domain"] = v["domain"].cat.add_categories([domain]).mask(nccl, domain)
     trace._frames["nvtx"] = v
@@ -141,7 +142,7 @@ def test_a_capture_with_only_nccl_ranges_reads_no_launch_calls(monkeypatch):
     capture are not read (allreduce-2rank with its "train" ranges dropped)."""
     with load_trace([SAMPLES / "allreduce-2rank.sqlite"], cache=None) as trace:
         v = trace.nvtx
-        trace._frames["nvtx"] = v[(v["domain"] == "NCCL") | (v["event_type"] != "push_pop")]
+        trace._frames["nvtx"] = v[(v["domain"] == NCCL_DOMAIN) | (v["event_type"] != "push_pop")]
         with monkeypatch.context() as m:
             m.setattr(Trace, "launch_calls", lambda *a, **kw: pytest.fail("launch calls read"))
             got = _judged(trace)
