@@ -18,13 +18,18 @@ from typing import Any
 import pandas as pd
 import psutil
 
+from nsysan.attribution.job import reduce_attribution
+from nsysan.attribution.part import AttributionPart, map_attribution
 from nsysan.detect import DetectorParts, map_detectors, reduce_detectors
 from nsysan.detect.common import export_run_ns
+from nsysan.detect.nccl_ordering_stall import matching
+from nsysan.findings import Finding
 from nsysan.ingest import Trace
 from nsysan.ingest.slices import ProcessSlice
 from nsysan.ingest.trace import ExportInfo, job_clock_offsets
 from nsysan.overview import OverviewPart, merge_overview, overview_part
 from nsysan.report.document import build_document
+from nsysan.steps import DEFAULT_STEP_PATTERN
 
 Settings = dict[str, dict[str, float]]
 
@@ -36,16 +41,31 @@ class ExportResult:
     info: ExportInfo
     overview: OverviewPart
     detectors: DetectorParts
+    attribution: AttributionPart
     profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # the diff profile's parts, when asked
 
 
-def map_export(trace: Trace, index: int, settings: Settings | None = None) -> ExportResult:
-    """The map: ``trace`` holds one export, the job's export number ``index``."""
+def map_export(
+    trace: Trace, index: int, settings: Settings | None = None, step_pattern: str = DEFAULT_STEP_PATTERN
+) -> ExportResult:
+    """The map: ``trace`` holds one export, the job's export number ``index``. The per-export
+    detectors run first; the attribution then names the graph nodes their findings' causes touch."""
+    detectors = map_detectors(trace, settings)
+    attribution, detectors.findings = map_attribution(trace, step_pattern, detectors.findings)
+    detectors.findings = {kind: [_in_export(f, index) for f in found] for kind, found in detectors.findings.items()}
     return ExportResult(
         info=dataclasses.replace(trace.exports[0], index=index),
         overview=overview_part(trace).with_export(index),
-        detectors=map_detectors(trace, settings).with_export(index),
+        detectors=detectors.with_export(index),
+        attribution=attribution.with_export(index),
     )
+
+
+def _in_export(f: Finding, index: int) -> Finding:
+    """``f`` with its cause's graph nodes numbered in export ``index``."""
+    if f.cause is None or f.cause.export < 0:
+        return f
+    return dataclasses.replace(f, cause=dataclasses.replace(f.cause, export=index))
 
 
 def reduce_job(
@@ -54,24 +74,40 @@ def reduce_job(
     """The reduce: the report document of the job from every export's result (in export order)."""
     exports = [r.info for r in results]
     overview = merge_overview([r.overview for r in results], ranks, exports, input_notes)
-    clock = [int(c) for c in job_clock_offsets([e.session_start_utc_ns for e in exports])]
+    utc = [int(c) for c in job_clock_offsets([e.session_start_utc_ns for e in exports])]
     notes: list[str] = []
-    findings = reduce_detectors([r.detectors for r in results], clock, settings, notes)
+    job = reduce_attribution([r.attribution for r in results], utc, matching(settings), notes)
+    findings = reduce_detectors([r.detectors for r in results], job.clock.offsets, settings, notes, attribution=job)
     overview.limitations.extend(notes)
-    return build_document(overview, findings)
+    return build_document(overview, findings, steps=job.document())
 
 
 def combine_slices(results: list[ExportResult]) -> ExportResult:
     """One export's result from the results of its slices of processes (see
-    :mod:`nsysan.ingest.slices`), each mapped with the export's run length."""
+    :mod:`nsysan.ingest.slices`), each mapped with the export's run length; the findings' causes
+    renumbered into the combined graph."""
     if len(results) == 1:
         return results[0]
+    base = 0
+    detectors = []
+    for r in results:
+        findings = {kind: [_shift_nodes(f, base) for f in found] for kind, found in r.detectors.findings.items()}
+        detectors.append(dataclasses.replace(r.detectors, findings=findings))
+        base += len(r.attribution.graph.nodes)
     return ExportResult(
         info=results[0].info,
         overview=OverviewPart.combine_slices([r.overview for r in results]),
-        detectors=DetectorParts.combine_slices([r.detectors for r in results]),
+        detectors=DetectorParts.combine_slices(detectors),
+        attribution=AttributionPart.combine_slices([r.attribution for r in results]),
         profiles=[p for r in results for p in r.profiles],
     )
+
+
+def _shift_nodes(f: Finding, base: int) -> Finding:
+    if f.cause is None or base == 0:
+        return f
+    edits = tuple(dataclasses.replace(e, nodes=tuple(n + base for n in e.nodes)) for e in f.cause.edits)
+    return dataclasses.replace(f, cause=dataclasses.replace(f.cause, edits=edits))
 
 
 def slice_in_process(path: Path) -> bool:
@@ -87,7 +123,12 @@ def slice_in_process(path: Path) -> bool:
     return size * 8 > psutil.virtual_memory().total
 
 
-def analyse(trace: Trace, settings: Settings | None = None, by_slices: bool | None = None) -> dict[str, Any]:
+def analyse(
+    trace: Trace,
+    settings: Settings | None = None,
+    by_slices: bool | None = None,
+    step_pattern: str = DEFAULT_STEP_PATTERN,
+) -> dict[str, Any]:
     """Ingest -> detect -> document, in this process. ``settings`` overrides detector parameters:
     {kind: {param: value}}. Each export's frames are read, mapped and dropped before the next; an
     export of several processes one slice of them at a time when ``by_slices`` (None: when it is
@@ -100,7 +141,7 @@ def analyse(trace: Trace, settings: Settings | None = None, by_slices: bool | No
         parts = []
         for part in slices:
             with trace.export_alone(index, part, run) as one:
-                parts.append(map_export(one, index, settings))
+                parts.append(map_export(one, index, settings, step_pattern))
         results.append(combine_slices(parts))
     return reduce_job(results, trace.ranks, trace.input_notes, settings)
 

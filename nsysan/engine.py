@@ -34,6 +34,7 @@ from nsysan.ingest.cache import FrameCache, process_cache
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.ranks import announced_ranks, assign_guessed
 from nsysan.ingest.slices import ProcessSlice
+from nsysan.steps import DEFAULT_STEP_PATTERN
 
 T = TypeVar("T")
 
@@ -191,26 +192,28 @@ def map_file(
     ranks: pd.DataFrame,
     settings: Settings,
     cache: FrameCache | None,
-    steps: str | None,
+    steps: str,
+    profile: bool,
     part: ProcessSlice | None = None,
     run: int | None = None,
 ) -> ExportResult:
     """Task: the map of one export, or of the slice ``part`` of its processes with ``run`` its
-    run length, opened on the worker (with the diff profile's part when ``steps``, the step
-    pattern, is given). With a cache, a result computed before for the same export, code,
+    run length, opened on the worker; ``steps`` is the step pattern, and with ``profile`` the diff
+    profile's part is added. With a cache, a result computed before for the same export, code,
     settings, ranks, slice and steps is read back instead (a re-report runs only the reduce)."""
 
     def compute() -> ExportResult:
         with load_trace([path], cache=cache, ranks=ranks) as whole, whole.export_alone(0, part, run) as trace:
-            result = map_export(trace, index, settings)
-            if steps is not None:
+            result = map_export(trace, index, settings, steps)
+            if profile:
                 result.profiles = [profile_part(trace, steps)]
             return result
 
     if cache is None or not _only_nsysan_detectors():
         return compute()
     tag = part.tag if part is not None else ""
-    return cache.value(path, f"map-{_map_key(path, index, ranks, settings, steps, tag)}", compute)
+    key = _map_key(path, index, ranks, settings, f"{steps!r} profile={profile}", tag)
+    return cache.value(path, f"map-{key}", compute)
 
 
 def _only_nsysan_detectors() -> bool:
@@ -257,10 +260,15 @@ def code_identity() -> str:
 
 
 def analyse_files(
-    inputs: Sequence[str | os.PathLike[str]], settings: Settings, engine: Engine, profile_steps: str | None = None
+    inputs: Sequence[str | os.PathLike[str]],
+    settings: Settings,
+    engine: Engine,
+    profile_steps: str | None = None,
+    step_pattern: str = DEFAULT_STEP_PATTERN,
 ) -> dict[str, Any]:
-    """The report document of the job in ``inputs`` (files, directories, globs), mapped by ``engine``;
-    with the diff profile (``profile``) when ``profile_steps``, its step pattern, is given.
+    """The report document of the job in ``inputs`` (files, directories, globs), mapped by ``engine``,
+    its steps found by ``step_pattern``; with the diff profile (``profile``) when ``profile_steps``,
+    its step pattern, is given (then it is the steps' pattern too).
 
     Same document as :func:`nsysan.analysis.analyse` on ``load_trace(inputs)`` (plus
     :func:`nsysan.diff.build_profile`): the same functions run, only elsewhere.
@@ -278,7 +286,8 @@ def analyse_files(
     for i, (p, survey) in enumerate(zip(paths, surveys, strict=True)):
         mine = ranks[ranks["export"] == i].assign(export=0).reset_index(drop=True)
         for part in survey.slices:
-            tasks.append((p, i, mine, settings, cache, profile_steps, part, survey.run))
+            tasks.append((p, i, mine, settings, cache, profile_steps or step_pattern, profile_steps is not None, part,
+                          survey.run))  # fmt: skip
             owners.append(i)
     mapped = engine.map(map_file, tasks, "exports")
     results = [combine_slices([r for r, o in zip(mapped, owners, strict=True) if o == i]) for i in range(len(paths))]

@@ -103,3 +103,66 @@ def covered_ns(starts: np.ndarray, ends: np.ndarray, merged: pd.DataFrame) -> np
         return before[np.maximum(i - 1, 0)] * (i > 0) + partial
 
     return coverage(np.asarray(ends, dtype=np.int64)) - coverage(np.asarray(starts, dtype=np.int64))
+
+
+# -- one timeline as plain arrays -----------------------------------------------------------------
+# The attribution (nsysan.attribution) works one rank at a time on sorted numpy arrays: a rank's
+# GPU activity as disjoint sorted intervals, set operations on them, and windows (steps) to sum in.
+
+
+def union_arrays(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Any intervals as disjoint sorted ones (touching ones joined)."""
+    if len(start) == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    order = np.argsort(start, kind="stable")
+    s, e = np.asarray(start, dtype=np.int64)[order], np.asarray(end, dtype=np.int64)[order]
+    reach = np.maximum.accumulate(e)
+    new = np.concatenate([[True], s[1:] > reach[:-1]])
+    first = np.flatnonzero(new)
+    return s[first], np.maximum.reduceat(e, first)
+
+
+def intersect_arrays(
+    a_start: np.ndarray, a_end: np.ndarray, b_start: np.ndarray, b_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pieces where intervals ``a`` (any, possibly overlapping) meet the disjoint sorted intervals
+    ``b``: (start, end, index into ``a``), non-empty, in ``a``'s order then time."""
+    if len(a_start) == 0 or len(b_start) == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty
+    lo = np.searchsorted(b_end, a_start, side="right")  # first b ending after a starts
+    hi = np.searchsorted(b_start, a_end, side="left")  # b starting before a ends
+    n = np.maximum(hi - lo, 0)
+    which = np.repeat(np.arange(len(a_start)), n)
+    at = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+    s = np.maximum(np.asarray(a_start)[which], b_start[at])
+    e = np.minimum(np.asarray(a_end)[which], b_end[at])
+    keep = e > s
+    return s[keep], e[keep], which[keep]
+
+
+def complement_arrays(
+    start: np.ndarray, end: np.ndarray, lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The gaps of disjoint sorted intervals within [lo, hi)."""
+    edges_s = np.concatenate([[lo], end])
+    edges_e = np.concatenate([start, [hi]])
+    s, e = np.maximum(edges_s, lo), np.minimum(edges_e, hi)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def covered_arrays(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """:func:`covered_ns` with the disjoint sorted intervals as arrays: how much of each query
+    [start, end) they cover."""
+    if len(lo) == 0 or len(starts) == 0:
+        return np.zeros(len(starts), dtype=np.int64)
+    before = np.concatenate([[0], np.cumsum(hi - lo)])
+
+    def coverage(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(lo, t, side="right")
+        j = np.maximum(i - 1, 0)
+        partial = np.where(i > 0, np.clip(t - lo[j], 0, hi[j] - lo[j]), 0)
+        return np.where(i > 0, before[j], 0) + partial
+
+    return coverage(np.asarray(ends, dtype=np.int64)) - coverage(np.asarray(starts, dtype=np.int64))

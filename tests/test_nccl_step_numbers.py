@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nsysan.detect.nccl_participants import STEP, _step_numbers
+from nsysan.attribution.participants import STEP, _step_numbers
 
 TEXTS = ["step 3", None, "ProfilerStep#12", "fwd", "Iteration-7", "iter\u0663", "epoch 2/step 5", "", "STEP 99999",
          "aten::mm", "nan", "step", "train_step_41 bwd"]  # fmt: skip

@@ -81,8 +81,8 @@ import numpy as np
 import pandas as pd
 
 from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
-from nsysan.detect.registry import param, register
-from nsysan.findings import Finding, Severity
+from nsysan.detect.registry import Verdicts, param, register
+from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.frames import unpack_shape
 from nsysan.ingest.nccl import NCCL_COLUMNS, NCCL_DOMAIN, is_communication
 from nsysan.ingest.trace import Trace
@@ -359,17 +359,93 @@ def _clock_factors(k: pd.DataFrame, p: Params, expected: pd.Series) -> pd.Series
     return k["stepkey"].map(factor).fillna(1.0)
 
 
+_GRID = np.linspace(0.0, 0.8, 81)  # share of speed lost under NCCL: 1 - 1 / contention factor
+
+
+def _contention_baselines(k: pd.DataFrame, p: Params) -> None:
+    """Baselines for positions NCCL overlaps every time, from the rank's own contention factor.
+
+    Under NCCL a kernel progresses at 1/f of its speed, so an instance with share ``o`` of its time
+    under NCCL lasts ``w / (1 - c o)`` with ``c = 1 - 1/f`` and ``w`` its clean duration. Positions
+    whose instances ran under NCCL for different shares of their time show ``c`` (the ``c`` that makes
+    their ``d (1 - c o)`` agree best); per (export, rank), over at least ``_MIN_FIT`` such instances,
+    and only when that fit is clearly better than no slowdown at all; a rank without such kernels
+    takes the median ``c`` of its export's other ranks. Positions always under NCCL (and nothing
+    else) then get ``w = median(d (1 - c o))`` as their expected duration. In place."""
+    blind = ((k["cls"] & 1) > 0) & k["expected"].isna() & (k["other_share"] == 0)
+    if not blind.any():
+        return
+    pure = (k["other_share"] == 0) & (k["step"] >= 0)
+    o_span = k[pure].groupby("pos")["nccl_share"].agg(lambda o: o.max() - o.min())
+    size = k[pure].groupby("pos")["nccl_share"].size()
+    varying = o_span.index[(o_span >= 0.2) & (size >= 3)]
+    fit = k[pure & k["pos"].isin(varying)]
+    found: dict[tuple[int, int], float] = {}
+    for (export, rank), g in fit.groupby(["export", "rank"], dropna=True):
+        if len(g) < _MIN_FIT:
+            continue
+        d = g["dur"].to_numpy(dtype=np.float64)
+        o = g["nccl_share"].to_numpy()
+        pos = g["pos"].to_numpy()
+        residual = []
+        for c in _GRID:
+            w = d * (1 - c * o)
+            mean = pd.Series(w).groupby(pos).transform("mean").to_numpy()
+            residual.append(float(np.sum((w / mean - 1) ** 2)))
+        best = int(np.argmin(residual))
+        if _GRID[best] >= 0.05 and residual[best] <= 0.5 * residual[0]:
+            found[(int(export), int(rank))] = float(_GRID[best])  # type: ignore[call-overload]
+    if not found:
+        return
+    # ranks of the export whose own kernels never showed it: the median of the others' (same job,
+    # same kind of GPU, same communication)
+    for (export, rank), g in k[blind].groupby(["export", "rank"], dropna=True):
+        key = (int(export), int(rank))  # type: ignore[call-overload]
+        others = [c for (e, _), c in found.items() if e == key[0]]
+        if key not in found and not others:
+            continue
+        c = found.get(key, float(np.median(others)))
+        rows = blind & (k["export"] == export) & (k["rank"] == rank)
+        w = k.loc[rows, "dur"] * (1 - c * k.loc[rows, "nccl_share"])
+        stats = w.groupby(k.loc[rows, "pos"]).agg(["median", "max", "size"])
+        stats = stats[stats["size"] >= p.min_samples]
+        at = k.index[rows][k.loc[rows, "pos"].isin(stats.index).to_numpy()]
+        k.loc[at, "expected"] = k.loc[at, "pos"].map(stats["median"]).to_numpy()
+        k.loc[at, "hi"] = k.loc[at, "pos"].map(stats["median"]).to_numpy()
+        k.loc[at, "baseline"] = f"contention factor {1 / (1 - c):.2f} under NCCL"
+
+
+_MIN_FIT = 4
+
+
 def _class_label(mask: int) -> str:
     return " + ".join(CLASSES[i] for i in range(len(CLASSES)) if mask >> i & 1)
 
 
 @register(KIND, Params)
-def detect(trace: Trace, p: Params) -> list[Finding]:
+def detect(trace: Trace, p: Params) -> Verdicts:
     """Compute kernels slower while NCCL kernels or peer/host copies run on the same GPU."""
     k = judge(trace, p)
-    if k is None or not k["slowed"].any():
+    if k is None:
+        return Verdicts([])
+    unjudged = _unjudged(k)
+    if not k["slowed"].any():
+        return Verdicts([], unjudged)
+    comm = _communication(trace, trace.kernel_columns(_COLUMNS).dropna(subset=["device"]))
+    return Verdicts(_episodes(trace, k, comm, p), unjudged)
+
+
+def _unjudged(k: pd.DataFrame) -> list[dict[str, object]]:
+    """Per rank, the compute time that ran under communication but could not be judged: no clean
+    instance of the kernel at its program position agreed enough to be a baseline."""
+    blind = k[(k["cls"] > 0) & k["expected"].isna() & k["rank"].notna()]
+    if blind.empty:
         return []
-    return _episodes(trace, k, _communication(trace, trace.kernel_columns(_COLUMNS).dropna(subset=["device"])), p)
+    per = blind.groupby(blind["rank"].astype("int64"))["dur"].agg(["sum", "size"])
+    return [{"rank": int(r), "ns": int(row["sum"]),  # type: ignore[call-overload]
+             "why": f"{int(row['size'])} compute kernels ran under communication with no clean instance at their "
+                    "program position to compare with (no baseline): their slowdown is not judged"}
+            for r, row in per.iterrows()]  # fmt: skip
 
 
 def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
@@ -396,7 +472,8 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
     for bit in range(len(CLASSES)):  # a column at a time: a (kernels, classes) sum is strided
         mask |= (share[:, bit] >= p.overlap_share).astype(np.int64) << bit
     positions = _positions(trace, compute)
-    k = compute.assign(dur=dur, clean=covered.sum(axis=1) == 0, cls=mask,
+    k = compute.assign(dur=dur, clean=covered.sum(axis=1) == 0, cls=mask, nccl_share=np.minimum(share[:, 0], 1.0),
+                       other_share=share[:, 1:].sum(axis=1),
                        grid=compute["grid"].fillna(-1), block=compute["block"].fillna(-1))  # fmt: skip
     del compute, covered, share
     k = pd.concat([k, positions], axis=1)
@@ -418,6 +495,23 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
     stats = _clean_stats(k.loc[k["clean"], ["pos", "corrected"]], "corrected")
     stats = stats[(stats["n"] >= p.min_samples) & (stats["hi"] - stats["lo"] <= p.baseline_spread * stats["expected"])]
     k = k.join(stats[["expected", "hi"]], on="pos")
+    k["baseline"] = np.where(k["expected"].notna(), "position", "")
+    # a position communication always overlaps (a DDP bucket's backward) has no clean instance: the
+    # same kernel doing the same job elsewhere in the step (another layer: same signature and NVTX
+    # path, another ordinal) is its baseline, when those clean instances agree as closely
+    blind = (k["cls"] > 0) & k["expected"].isna()
+    if blind.any():
+        k["kin"] = k.groupby(["export", "device", "sig", "path"], observed=True).ngroup()
+        kin = _clean_stats(k.loc[k["clean"], ["kin", "corrected"]].rename(columns={"kin": "pos"}), "corrected")
+        kin = kin[(kin["n"] >= max(p.min_samples, 3)) & (kin["hi"] - kin["lo"] <= p.baseline_spread * kin["expected"])]
+        fill = k.loc[blind, ["kin"]].join(kin[["expected", "hi"]], on="kin")
+        found = fill["expected"].notna()
+        rows = fill.index[found]
+        k.loc[rows, "expected"] = fill.loc[found, "expected"]
+        k.loc[rows, "hi"] = fill.loc[found, "hi"]
+        k.loc[rows, "baseline"] = "same kernel elsewhere in the step"
+        k = k.drop(columns="kin")
+    _contention_baselines(k, p)
     judged = (k["cls"] > 0) & k["expected"].notna()
     above = (k["corrected"] >= p.min_ratio * k["expected"]) & (k["corrected"] > k["hi"] * (1 + p.clean_margin))
     k["slowed"] = judged & above
@@ -493,6 +587,10 @@ def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
         device=int(first["device"]),
         pid=int(first["pid"]),
         group=f"{KIND}|rank {rank_text}|device {int(first['device'])}|{name}|grid {grid}|block {block}|{cls}",
+        # removed: each slowed instance back at its expected time; one family per kernel and class on every rank
+        cause=Cause(f"{KIND}|{name}|grid {grid}|block {block}|{cls}", (Edit(
+            "shorten", ops=tuple(zip(e["device"].astype(int).tolist(), e["start_ns"].astype(int).tolist(), strict=True)),
+            amounts=tuple(float(x) for x in e["extra"].clip(lower=0))),)),
         evidence={
             "kernel": name,
             "short_name": str(first["short_name"]),
@@ -503,6 +601,11 @@ def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
             "step": step,
             "nvtx_path": str(first["path"]) or None,
             "clock_factor": round(float(first["factor"]), 3),
+            "baseline": "clean instances at the same program position" if first["baseline"] == "position"
+            else "clean instances of the same kernel (name, grid, block, NVTX path) elsewhere in the step: "
+            "communication overlaps this position every time" if first["baseline"].startswith("same kernel")
+            else f"the rank's {first['baseline']}, measured on kernels NCCL overlapped for varying shares of their "
+            "time, applied to this position, which NCCL overlaps every time",
             "expected_ns": round(expected),
             "actual_ns": [int(d) for d in e["dur"].head(_EVIDENCE_INSTANCES)],
             "expected_per_instance_ns": [round(float(x)) for x in per_instance],

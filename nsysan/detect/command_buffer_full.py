@@ -45,7 +45,7 @@ import pandas as pd
 
 from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
 from nsysan.detect.registry import param, register
-from nsysan.findings import Finding, Severity
+from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge, segment_ids
 
@@ -237,6 +237,9 @@ def _finding(
         pid=pid if known else None,
         group=f"{KIND}|rank {c['rank'] if known and pd.notna(c['rank']) else '?'}|pid {pid if known else '?'}"
         f"|thread {tid if known else '?'}",
+        # removed: the blocked launches return at once instead of waiting for the GPU to drain the queue
+        cause=Cause(KIND, (Edit("unblock", calls=tuple(
+            (pid, tid, int(t)) for t in calls["start_ns"].dropna().astype("int64").tolist())),)) if known else None,
         evidence={
             "thread": tid if known else "unknown (overhead rows without globalTid)",
             "thread_name": str(threads.get((export, pid, tid), "")),

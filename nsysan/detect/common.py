@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from nsysan.detect.registry import param
@@ -99,3 +100,31 @@ def grade(findings: list[tuple[Finding, int]], p: SeverityParams) -> list[Findin
         impact, span = (totals[f.group], runs[f.group]) if f.group else (f.impact_ns, run)
         out.append(dataclasses.replace(f, severity=severity(impact, span, p)))
     return out
+
+
+def step_runs(table: pd.DataFrame, flag: np.ndarray) -> pd.Series:
+    """Per row of ``table`` (rank, step; one row per rank and step), the number of the run of
+    consecutive flagged steps of its rank it belongs to (-1 where not flagged): an episode that
+    lasts several steps is one finding, a steady state one finding for the whole capture."""
+    t = table[["rank", "step"]].reset_index(drop=True)
+    order = np.lexsort((t["step"].to_numpy(), t["rank"].to_numpy()))
+    r, s, f = t["rank"].to_numpy()[order], t["step"].to_numpy()[order], np.asarray(flag, dtype=bool)[order]
+    new = f & ~(np.concatenate([[False], f[:-1]]) & (np.concatenate([[-1], r[:-1]]) == r)
+                & (np.concatenate([[-2], s[:-1]]) == s - 1))  # fmt: skip
+    run = np.where(f, np.cumsum(new) - 1, -1)
+    out = np.empty(len(t), dtype=np.int64)
+    out[order] = run
+    return pd.Series(out, index=table.index)
+
+
+def step_episodes(breakdown: pd.DataFrame, amount: np.ndarray, min_ns: float, min_share: float) -> list[pd.DataFrame]:
+    """Runs of consecutive steps of a rank (rows of the attribution's ``breakdown``) where
+    ``amount`` is at least ``min_ns`` and ``min_share`` of the step: one frame per episode, its rows
+    with ``amount`` added."""
+    if breakdown.empty:
+        return []
+    length = (breakdown["end_ns"] - breakdown["start_ns"]).to_numpy(dtype=np.float64)
+    flag = (amount >= min_ns) & (amount >= min_share * length)
+    run = step_runs(breakdown, flag)
+    b = breakdown.assign(amount=amount, run=run.to_numpy())
+    return [g for _, g in b[b["run"] >= 0].groupby("run", sort=True)]

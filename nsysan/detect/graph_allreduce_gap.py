@@ -52,7 +52,7 @@ import pandas as pd
 
 from nsysan.detect.common import SeverityParams, as_int, grade, run_ns, share_text
 from nsysan.detect.registry import param, register
-from nsysan.findings import Finding, Severity
+from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.frames import concat_frames
 from nsysan.ingest.nccl import is_allreduce
 from nsysan.ingest.trace import Trace
@@ -246,6 +246,9 @@ def _finding(
         device=device,
         pid=pid,
         group=f"{KIND}|{label}|device {device}|graph {graph}",
+        # removed: each replay's all-reduce starts after its producer as the eager ones do
+        cause=Cause(KIND, (Edit("no_gap", ops=tuple((device, int(t)) for t in g["start_ns"].astype("int64").tolist()),
+                                amounts=tuple(float(x) for x in g["excess"])),)),  # fmt: skip
         evidence={
             "replays": len(replays),
             "replays_of_graph": int(all_replays),

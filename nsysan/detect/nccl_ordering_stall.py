@@ -6,10 +6,10 @@ across streams. If op A waits for a late peer L, op B queued behind it waits too
 input and B's own peers were ready: head-of-line blocking (pipeline sends to two stages on one
 stream, or two communicators sharing a stream). Everything here is measured on the device:
 
-1. **Readiness** of B: when its input was ready on the GPU (:mod:`nsysan.detect.readiness`: the
+1. **Readiness** of B: when its input was ready on the GPU (:mod:`nsysan.attribution.events`: the
    event its stream waited on, recorded after the producing work), and not before its launch call
    returned. Without event rows in the capture, the launch return alone, and the finding says so.
-2. **Participants** of each op (:mod:`nsysan.detect.nccl_participants`): from NCCL's payloads
+2. **Participants** of each op (:mod:`nsysan.attribution.comm`): from NCCL's payloads
    (communicator, sequence, peer) where the export has them, else from program position: never
    "some op on another rank ended at about the same time".
 3. **A**: the op before B on the same stream, or on the same communicator when it is known; B is
@@ -36,32 +36,17 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from nsysan.detect import nccl_participants
+from nsysan.attribution import comm as comm_table
 from nsysan.detect.common import SeverityParams, as_int, as_optional_int, share_text
-from nsysan.detect.readiness import device_ready
 from nsysan.detect.registry import JobFacts, param, register
-from nsysan.findings import Finding, Severity
-from nsysan.ingest.nccl import (
-    COMMUNICATOR_COLUMNS,
-    EDGE_COLUMNS,
-    NCCL_COLUMNS,
-    is_communication,
-    is_point_to_point,
-    participants_by_communicator,
-    same_as_previous,
-)
+from nsysan.findings import Cause, Edit, Finding, Severity
+from nsysan.ingest.nccl import same_as_previous
 from nsysan.ingest.trace import Trace
 from nsysan.memory import release_freed_memory
 
 KIND = "nccl_ordering_stall"
-_COLUMNS = ("pid", "device", "stream", "correlation_id", "start_ns", "end_ns", "short_name")
 _MAX_CASCADE = 32
 _CHUNK = 1 << 20  # ops per block where a pass over every op needs several temporary arrays
-# what the map reads but the reduce does not need: left out of the compact table sent to it
-_MAP_ONLY = ("launch_ns", "launched_ns", "tid")
-# integer columns of the compact table stored in the smallest type that holds their values: the
-# coordinator holds every op of the job (10M at 1,024 ranks), at about 60 bytes each
-_SMALL_INTEGERS = ("pid", "device", "stream", "correlation_id", "rank", "iteration", "comm_rank", "peer")
 
 
 @dataclass(frozen=True)
@@ -70,6 +55,7 @@ class Params(SeverityParams):
     min_wait_ns: int = param(50_000, "A must have waited at least this long for its late peer")
     match_tolerance_ns: int = param(20_000, "participants of one NCCL op end within this of each other ...")
     match_tolerance_share: float = param(0.02, "... or within this share of the op's duration")
+    match_tolerance_p2p_ns: int = param(50_000, "... or, for send/recv, within this (a receiver ends after its sender)")
     min_iterations: int = param(2, "iterations whose ends must all agree to infer participants without payloads")
     queue_tolerance_ns: int = param(20_000, "B counts as queued behind A if it started within this after A ended")
     max_candidates: int = param(
@@ -78,196 +64,6 @@ class Params(SeverityParams):
     max_position_pairs: int = param(
         100_000_000, "without payloads, ops x candidates beyond which participants are not inferred (memory)"
     )
-
-
-def _ops(trace: Trace, with_communicator: pd.DataFrame) -> pd.DataFrame:
-    """NCCL kernels of known rank and device, with launch call, iteration, readiness (export clock)
-    and communicator (from ``with_communicator``, :func:`_calls_with_communicator`): the compact
-    table one export sends to the reduce."""
-    k = trace.kernel_columns(_COLUMNS)
-    ops = k[is_communication(k) & k["rank"].notna() & k["device"].notna()].reset_index(drop=True)
-    ops = ops.assign(rank=ops["rank"].astype("int64"), p2p=is_point_to_point(ops))
-    calls = trace.launch_calls(ops)[["export", "pid", "correlation_id", "start_ns", "end_ns", "tid"]]
-    calls = calls.drop_duplicates(["export", "pid", "correlation_id"]).rename(
-        columns={"start_ns": "launch_ns", "end_ns": "launched_ns"}
-    )
-    ops = ops.merge(calls, on=["export", "pid", "correlation_id"], how="left")
-    ops["iteration"] = nccl_participants.iterations(trace, ops)
-    ready = device_ready(trace, ops)
-    device = ready["device_ready_ns"]
-    ops["ready_local"] = np.fmax(ops["launched_ns"].astype("float64"), device.astype("float64"))
-    ops["ready_from"] = np.where(device.notna(), "device", np.where(ready["events_known"], "launch", "launch_only"))
-    ops = ops.join(_communicators(ops, with_communicator)).drop(columns=[*_MAP_ONLY, *NCCL_COLUMNS])
-    return compact(ops.astype({"ready_from": "category"}))
-
-
-def compact(ops: pd.DataFrame) -> pd.DataFrame:
-    """``ops`` with its small integer columns in the smallest type that holds their values."""
-    return ops.assign(**{c: pd.to_numeric(ops[c], downcast="integer") for c in _SMALL_INTEGERS if c in ops})
-
-
-def _calls_with_communicator(trace: Trace) -> pd.DataFrame:
-    """NCCL calls whose payload names their communicator, with the process's rank in it where a
-    call of the process says (ncclCommInitRank)."""
-    calls = trace.nccl_calls
-    c = calls.dropna(subset=["comm_id"])[["export", "pid", "tid", "rank", "start_ns", "end_ns", "comm_id", "comm_rank",
-                                          "peer"]].copy()  # fmt: skip
-    c["comm_rank"] = c.groupby(["export", "pid", "comm_id"])["comm_rank"].transform("first")
-    return c
-
-
-def _communicators(ops: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
-    """comm_id (NCCL's 64-bit hash), comm_rank and peer per op from NCCL's NVTX payloads (NA where
-    the export has none). comm_rank stays NA where no call of the process gave it: the reduce
-    fills it from the communicator's members across the job."""
-    out = pd.DataFrame(index=ops.index, data={"comm_id": pd.NA, "comm_rank": pd.NA, "peer": pd.NA}, dtype="Int64")
-    out["comm_id"] = out["comm_id"].astype("UInt64")
-    if calls.empty:
-        return out
-    c = calls.drop(columns="rank")
-    c = c.sort_values("start_ns").rename(columns={"start_ns": "c_start", "end_ns": "c_end"})
-    q = ops[["export", "pid", "tid", "launch_ns"]].dropna().astype("int64").reset_index().sort_values("launch_ns")
-    hit = pd.merge_asof(q, c.astype({"export": "int64", "pid": "int64", "tid": "int64"}), left_on="launch_ns",
-                        right_on="c_start", by=["export", "pid", "tid"], direction="backward")  # fmt: skip
-    hit = hit[hit["c_end"].notna() & (hit["launch_ns"] <= hit["c_end"])]
-    where = pd.Index(hit["index"])
-    out.loc[where, "comm_id"] = hit["comm_id"].astype("UInt64").array
-    for column in ("comm_rank", "peer"):
-        out.loc[where, column] = hit[column].astype("Int64").array
-    return out
-
-
-def _members(calls: pd.DataFrame) -> pd.DataFrame:
-    """(comm_id, rank) of every communicator a process of this export made calls on."""
-    if calls.empty:
-        return pd.DataFrame({"export": pd.Series(dtype="int64"), "comm_id": pd.Series(dtype="UInt64"),
-                             "rank": pd.Series(dtype="Int64")})  # fmt: skip
-    m = calls.dropna(subset=["rank"]).drop_duplicates(["comm_id", "rank"])[["export", "comm_id", "rank"]]
-    return m.astype({"export": "int64", "comm_id": "UInt64", "rank": "Int64"}).reset_index(drop=True)
-
-
-def _on_job(ops: pd.DataFrame, members: pd.DataFrame, job: JobFacts) -> pd.DataFrame:
-    """The compact tables of every export as one frame on the job clock, with each op's rank in its
-    communicator (from the call, else its position among the members by global rank, as
-    torch.distributed.new_group numbers them) and communicators numbered (hashes use all 64 bits)."""
-    offset = _offsets(job, ops["export"].to_numpy())
-    ops = ops.assign(a_start=ops["start_ns"].to_numpy(dtype="int64") + offset,
-                     a_end=ops["end_ns"].to_numpy(dtype="int64") + offset,
-                     ready=ops["ready_local"].to_numpy(dtype="float64") + offset).drop(columns="ready_local")  # fmt: skip
-    del offset
-    members = members.dropna().drop_duplicates(["comm_id", "rank"]).sort_values("rank")
-    position = members.assign(pos=members.groupby("comm_id").cumcount()).set_index(["comm_id", "rank"])["pos"]
-    known = ops["comm_id"].notna()
-    if known.any():
-        guess = (known & ops["comm_rank"].isna()).to_numpy()  # processes whose calls did not say
-        if guess.any():
-            keys = pd.MultiIndex.from_arrays([ops.loc[guess, "comm_id"], ops.loc[guess, "rank"]])
-            at = pd.array(position.reindex(keys).to_numpy(), dtype="Int64")
-            ops["comm_rank"] = ops["comm_rank"].astype("Int64")
-            ops.loc[guess, "comm_rank"] = at
-        codes = pd.factorize(ops["comm_id"])[0]
-        ops["comm_id"] = pd.arrays.IntegerArray(codes.astype(np.int32), codes < 0)
-    return ops
-
-
-def _offsets(job: JobFacts, export: np.ndarray) -> np.ndarray:
-    """Each row's export's offset to the job clock (0 for an export the job has no clock for)."""
-    clock = np.zeros(max(len(job.clock), int(export.max(initial=0)) + 1), dtype=np.int64)
-    clock[: len(job.clock)] = job.clock
-    out: np.ndarray = clock[export]
-    return out
-
-
-@dataclass(frozen=True)
-class Participants:
-    """Who takes part in each op: ``group`` (per op, its collective's group number, -1: none; the
-    other members are its participants) and ``edges`` (i, j) for the rest."""
-
-    group: pd.Series
-    edges: pd.DataFrame
-    method: str
-
-    def ranks_of(self, ops: pd.DataFrame, heads: np.ndarray) -> dict[int, list[int]]:
-        """The ranks of each op in ``heads``' participants (for the evidence of reported ops), in
-        one pass over the groups and edges whatever the number of heads."""
-        rank = ops["rank"].to_numpy()
-        group = self.group.to_numpy()
-        wanted = np.unique(group[heads][group[heads] >= 0])
-        members = np.flatnonzero(np.isin(group, wanted))
-        by_group = pd.Series(rank[members]).groupby(group[members]).agg(list).to_dict() if len(members) else {}
-        e = self.edges[self.edges["i"].isin(heads)]
-        by_edge = pd.Series(rank[e["j"].to_numpy()]).groupby(e["i"].to_numpy()).agg(list).to_dict() if len(e) else {}
-        out = {}
-        for i in heads:  # one per reported op
-            own = int(rank[i])
-            mates = [r for r in by_group.get(group[i], []) if r != own] if group[i] >= 0 else []
-            out[int(i)] = sorted({int(r) for r in [*mates, *by_edge.get(i, [])]})
-        return out
-
-
-def _participants(ops: pd.DataFrame, p: Params, notes: list[str]) -> Participants:
-    """Participants and the method: payloads for ops that have them, position for the rest.
-
-    Position matching compares every op with its ``reach`` nearest, so its memory grows with ops x
-    ranks (about 2 GiB at 64 ranks x 10,000 ops); past ``max_position_pairs`` it is not attempted
-    and ``notes`` says so: those ops are never reported rather than the report running out of memory.
-    """
-    with_comm = ops["comm_id"].notna()
-    by_position = ~with_comm
-    reach = max(int(p.max_candidates), 2 * ops["rank"].nunique())
-    pairs = int(by_position.sum()) * reach
-    if pairs > p.max_position_pairs:
-        notes.append(
-            f"Ordering stalls not looked for among {int(by_position.sum()):,} NCCL operations without communicator "
-            f"payloads: matching them by program position across {ops['rank'].nunique():,} ranks would compare "
-            f"{pairs:,} pairs (limit nccl_ordering_stall.max_position_pairs={p.max_position_pairs:,}). Capture with "
-            "NCCL's NVTX payloads (docs/scale.md), or raise the limit with --set if memory allows."
-        )
-        by_position = by_position & False
-    group = pd.Series(-1, index=ops.index, dtype="int64")
-    parts, methods = [pd.DataFrame(columns=EDGE_COLUMNS, dtype="int64")], []
-    if with_comm.any():
-        by_comm, edges = participants_by_communicator(ops[list(COMMUNICATOR_COLUMNS)])
-        group = by_comm
-        parts.append(edges)
-        methods.append("NCCL communicator payloads")
-    if by_position.any():
-        parts.append(nccl_participants.by_position(ops[by_position], p.match_tolerance_ns, p.match_tolerance_share,
-                                                   int(p.min_iterations), reach))  # fmt: skip
-        methods.append("program position (kernels ending together in every iteration)")
-    return Participants(group, pd.concat(parts, ignore_index=True).astype("int64"), " and ".join(methods))
-
-
-def _latest_peer(ops: pd.DataFrame, parts: Participants) -> np.ndarray:
-    """Per op: the position of its participant that started last (-1: none known); among equal
-    starts, the one of the highest op index. Sorts plain arrays (10M ops at 1,024 ranks)."""
-    start = ops["a_start"].to_numpy()
-    late = np.full(len(ops), -1, dtype="int64")
-    i, j = parts.edges["i"].to_numpy(dtype="int64"), parts.edges["j"].to_numpy(dtype="int64")
-    if len(i):
-        order = np.lexsort((j, start[j], i))  # by i, then the partner's start, then the partner
-        i, j = i[order], j[order]
-        del order
-        last = np.append(i[1:] != i[:-1], True)  # each i's latest partner ends its run
-        late[i[last]] = j[last]
-        del i, j, last
-    # a collective's latest other member: its group's last member, or the one before when that is itself
-    group = parts.group.to_numpy()
-    op = np.flatnonzero(group >= 0)
-    if len(op):
-        op = op[np.lexsort((op, start[op], group[op]))]  # by group, start, op
-        g = group[op]
-        last_of = np.append(g[1:] != g[:-1], True)
-        ends = np.flatnonzero(last_of)  # position of each group's last member
-        del last_of
-        top_at = np.repeat(ends, np.diff(np.r_[-1, ends]))  # every member's group's last position
-        runner_up_at = np.maximum(top_at - 1, 0)
-        has_runner_up = (top_at >= 1) & (g[runner_up_at] == g)
-        del g
-        top = op[top_at]
-        del top_at
-        late[op] = np.where(top == op, np.where(has_runner_up, op[runner_up_at], -1), top)
-    return late
 
 
 def _predecessor(ops: pd.DataFrame) -> np.ndarray:
@@ -313,12 +109,12 @@ def _values(column: pd.Series, rows: np.ndarray | None) -> np.ndarray:
     return values if rows is None else values[rows]
 
 
-def stalls(ops: pd.DataFrame, parts: Participants, p: Params) -> pd.DataFrame:
+def stalls(ops: pd.DataFrame, parts: comm_table.Participants, p: Params) -> pd.DataFrame:
     """The stalls, indexed by op position (as B): its predecessor A, what A waited for, B's lost time,
     and whether B is the first of its episode (``parent`` -1) or a link of another stall's episode
     (``parent``, ``root``). Only the ops queued behind another are examined past the first test, and
     only the stalls kept: the per-op arrays are 10M long at 1,024 ranks."""
-    late = _latest_peer(ops, parts)
+    late = comm_table.latest_peer(ops, parts)
     release_freed_memory()
     a = _predecessor(ops)
     release_freed_memory()
@@ -359,19 +155,31 @@ def stalls(ops: pd.DataFrame, parts: Participants, p: Params) -> pd.DataFrame:
                         index=rows)  # fmt: skip
 
 
+def matching(settings: dict[str, dict[str, float]] | None) -> comm_table.Matching:
+    """How NCCL operations are matched across ranks without payloads: this detector's parameters
+    (``--set nccl_ordering_stall.match_tolerance_ns=...``), which the attribution uses too."""
+    p = Params(**(settings or {}).get(KIND, {}))
+    return comm_table.Matching(tolerance_ns=int(p.match_tolerance_ns), tolerance_share=float(p.match_tolerance_share),
+                               p2p_tolerance_ns=int(p.match_tolerance_p2p_ns), min_iterations=int(p.min_iterations),
+                               max_candidates=int(p.max_candidates), max_position_pairs=int(p.max_position_pairs))  # fmt: skip
+
+
 def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tuple[Finding, int]]:
-    """The stalls of the whole job, from every export's NCCL ops and communicator members."""
-    ops = _on_job(tables.pop("ops"), tables["members"], job)  # taken: the columns it replaces are freed
+    """The stalls of the whole job, from the attribution's NCCL operations and their participants."""
+    att = job.attribution
+    if att is None or att.participants is None or not len(att.comm):
+        return []
+    ops = att.comm
     if ops["rank"].nunique() < 2:
         return []
-    release_freed_memory()  # each stage's temporaries, before the next stage's (10M ops at 1,024 ranks)
-    parts = _participants(ops, p, job.notes)
-    release_freed_memory()
+    parts = att.participants
     method = parts.method
     st = stalls(ops, parts, p)
     heads = st.index[st["parent"] < 0].to_numpy()
     links = st[st["parent"] >= 0]
     chain_of = {as_int(r): [int(c) for c in g.index] for r, g in links.groupby("root")}  # one entry per episode
+    arrivals = att.comm_nodes(ops["op"].to_numpy()[heads], "arrival") if len(heads) else np.empty(0, dtype=np.int64)
+    arrival_of = dict(zip(heads.tolist(), arrivals.tolist(), strict=True))
     graded = []
     participants_of = parts.ranks_of(ops, heads)
     for i in heads:  # one iteration per reported episode
@@ -379,7 +187,7 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
         b, prev = ops.iloc[i], ops.iloc[int(stall["a"])]
         late = as_int(stall["late_rank_of_a"])
         lost = int(stall["impact"])
-        off = int(_offsets(job, np.array([as_int(b["export"])]))[0])
+        off = int(comm_table.offsets(job.clock, np.array([as_int(b["export"])]))[0])
         participants = participants_of[int(i)]
         cascade = [{"rank": as_int(ops["rank"].iat[c]), "kernel": str(ops["short_name"].iat[c]),
                     "correlation_id": as_optional_int(ops["correlation_id"].iat[c]),
@@ -412,6 +220,8 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
             device=int(b["device"]),
             pid=int(b["pid"]),
             group=f"{KIND}|rank {int(b['rank'])}|stream {int(b['stream'])}|late rank {late}",
+            cause=Cause(KIND, (Edit("no_stream_order", nodes=(arrival_of[int(i)],)),)) if arrival_of.get(int(i), -1) > 0
+            else None,
             evidence={
                 "stream": int(b["stream"]),
                 "blocked_op": {
@@ -443,5 +253,4 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
 @register(KIND, Params, reduce=reduce)
 def detect(trace: Trace, p: Params) -> dict[str, pd.DataFrame]:
     """NCCL ops that were ready, with ready peers, but queued behind an op waiting for a late rank."""
-    calls = _calls_with_communicator(trace)
-    return {"ops": _ops(trace, calls), "members": _members(calls)}
+    return {}  # the NCCL operations come from the attribution's map (nsysan.attribution.comm)

@@ -30,8 +30,19 @@ class JobFacts:
     """What a cross-rank reduce knows of the job besides the exports' compact tables."""
 
     runs: list[int]  # per export: the run length in ns (``common.run_ns``)
-    clock: list[int]  # per export: ns to add to put its times on the job clock (``Trace.job_clock``)
+    clock: list[int]  # per export: ns to add to put its times on the job clock (aligned on collectives)
     notes: list[str] = dataclasses.field(default_factory=list)  # what a reduce could not do, for the report
+    attribution: Any = None  # the job's step attribution (nsysan.attribution.job.JobAttribution), when built
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """What a per-export detector may return instead of a plain list of findings: its findings and
+    what it could not judge (``unjudged``: dicts with ``rank``, ``ns`` and ``why``), so the report
+    never stays silent about time nobody looked at (``steps.unjudged``)."""
+
+    findings: list[Finding]
+    unjudged: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 Reduce = Callable[[dict[str, pd.DataFrame], JobFacts, Any], list[tuple[Finding, int]]]

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from nsysan.attribution.job import JobAttribution
 from nsysan.detect.common import SeverityParams, grade, run_ns
-from nsysan.detect.registry import JobFacts, registered
-from nsysan.findings import Finding
+from nsysan.detect.registry import JobFacts, Verdicts, registered
+from nsysan.findings import Cause, Finding, Severity
 from nsysan.ingest.frames import concat_frames
 from nsysan.ingest.trace import Trace
 from nsysan.memory import release_freed_memory
@@ -36,6 +37,7 @@ class DetectorParts:
     run_ns: int
     findings: dict[str, list[Finding]] = field(default_factory=dict)  # per-export detectors, by kind
     tables: dict[str, dict[str, pd.DataFrame]] = field(default_factory=dict)  # cross-rank detectors, by kind
+    unjudged: list[dict[str, Any]] = field(default_factory=list)  # time a detector could not judge, and why
 
     def with_export(self, index: int) -> DetectorParts:
         """The same parts with every table's ``export`` column set to ``index``, the export's place in the job."""
@@ -59,7 +61,8 @@ class DetectorParts:
         for part in parts:
             for kind, found in part.findings.items():
                 findings.setdefault(kind, []).extend(found)
-        return cls(run_ns=parts[0].run_ns, findings=findings, tables=joined)
+        unjudged = [u for part in parts for u in part.unjudged]
+        return cls(run_ns=parts[0].run_ns, findings=findings, tables=joined, unjudged=unjudged)
 
 
 def map_detectors(trace: Trace, settings: Settings | None = None) -> DetectorParts:
@@ -70,6 +73,9 @@ def map_detectors(trace: Trace, settings: Settings | None = None) -> DetectorPar
     parts = DetectorParts(run_ns=int(run_ns(trace).iloc[0]))
     for spec in registered().values():
         out = spec.run(trace, spec.params(**settings.get(spec.kind, {})))
+        if isinstance(out, Verdicts):
+            parts.unjudged += [{"detector": spec.kind, **u} for u in out.unjudged]
+            out = out.findings
         if spec.reduce is None:
             parts.findings[spec.kind] = list(out)
         else:
@@ -78,16 +84,22 @@ def map_detectors(trace: Trace, settings: Settings | None = None) -> DetectorPar
 
 
 def reduce_detectors(
-    parts: list[DetectorParts], clock: list[int], settings: Settings | None = None, notes: list[str] | None = None
+    parts: list[DetectorParts],
+    clock: list[int],
+    settings: Settings | None = None,
+    notes: list[str] | None = None,
+    attribution: JobAttribution | None = None,
 ) -> list[Finding]:
     """The job's findings, worst first, from every export's :class:`DetectorParts` (in export order)
     and each export's job-clock offset. Severity is graded here, over the whole job, because a
-    group (one problem) may have occurrences on several ranks. What a detector could not do is
-    added to ``notes`` (the report's limitations). The parts' tables are consumed (see
-    :func:`_take_tables`); their findings are not."""
+    group (one problem) may have occurrences on several ranks: with the job's ``attribution``,
+    from what removing the group's cause would save of the job's wall time (:func:`assess`), else
+    from the time it lost where it happened. What a detector could not do is added to ``notes``
+    (the report's limitations). The parts' tables are consumed (see :func:`_take_tables`); their
+    findings are not."""
     settings = settings or {}
-    job = JobFacts(runs=[p.run_ns for p in parts], clock=list(clock))
-    findings: list[Finding] = []
+    job = JobFacts(runs=[p.run_ns for p in parts], clock=list(clock), attribution=attribution)
+    graded: list[tuple[Finding, int, Any]] = []
     for spec in registered().values():
         p = spec.params(**settings.get(spec.kind, {}))
         if spec.reduce is None:
@@ -95,16 +107,92 @@ def reduce_detectors(
         else:
             frames = _take_tables(parts, spec.kind)
             release_freed_memory()  # the parts' tables, freed once joined
-            pairs = spec.reduce(frames, job, p) if frames else []
+            pairs = spec.reduce(frames, job, p)
             del frames
-        findings += grade(pairs, p) if isinstance(p, SeverityParams) else [f for f, _ in pairs]
+        graded += [(f, run, p) for f, run in pairs]
     if notes is not None:
         notes.extend(job.notes)
+    if attribution is not None:
+        attribution.unjudged.extend(u for part in parts for u in part.unjudged)
+    findings = assess(graded, attribution)
     return sorted(findings, key=_worst_first(list(registered())))
 
 
+def assess(graded: list[tuple[Finding, int, Any]], attribution: JobAttribution | None) -> list[Finding]:
+    """Every finding's ``recoverable_ns`` and severity.
+
+    A finding's cause belongs to a *family* (the same slowed kernel on every rank, the same late
+    rank in every step): the job's graph is replayed with each finding's cause removed alone and
+    with its family's removed together. The family's saving is what fixing the cause recovers:
+    each finding gets what its removal saves alone (scaled down where the findings overlap, so
+    that they add up to the family's), and what they save only together (causes on symmetric
+    ranks, each hidden behind the others) is shared by impact. Severity then follows the
+    group's recoverable share of the job's wall time; without a replayable graph, the old
+    measure: the group's impact over the run.
+    """
+    findings = [f for f, _, _ in graded]
+    wall = attribution.wall_ns if attribution is not None and attribution.graph is not None else 0
+    if wall <= 0:
+        out = []
+        by_params: dict[int, list[tuple[Finding, int]]] = {}
+        params = {}
+        for f, run, p in graded:
+            by_params.setdefault(id(p), []).append((f, run))
+            params[id(p)] = p
+        for key, pairs in by_params.items():
+            p = params[key]
+            out += grade(pairs, p) if isinstance(p, SeverityParams) else [f for f, _ in pairs]
+        return out
+    assert attribution is not None
+    recoverable = _recoverable(findings, attribution)
+    totals: dict[str, float] = {}
+    for f, r in zip(findings, recoverable, strict=True):
+        key = f.group or f"#{id(f)}"
+        totals[key] = totals.get(key, 0.0) + r
+    out = []
+    for (f, _, p), r in zip(graded, recoverable, strict=True):
+        share = totals[f.group or f"#{id(f)}"] / wall
+        if not isinstance(p, SeverityParams):
+            sev = f.severity
+        elif share >= p.critical_share:
+            sev = Severity.CRITICAL
+        elif share >= p.warning_share:
+            sev = Severity.WARNING
+        else:
+            sev = Severity.INFO
+        out.append(dataclasses.replace(f, severity=sev, recoverable_ns=int(round(r))))
+    return out
+
+
+def _recoverable(findings: list[Finding], attribution: JobAttribution) -> np.ndarray:
+    """Per finding, its share of its family's saving (see :func:`assess`)."""
+    out = np.zeros(len(findings))
+    with_cause = [i for i, f in enumerate(findings) if f.cause is not None and f.cause.edits]
+    if not with_cause:
+        return out
+    causes = {i: attribution.globalize(findings[i].cause) for i in with_cause}  # type: ignore[arg-type]
+    families: dict[str, list[int]] = {}
+    for i in with_cause:
+        families.setdefault(causes[i].family, []).append(i)
+    singles = [causes[i] for i in with_cause]
+    joint = [Cause(name, tuple(e for i in members for e in causes[i].edits)) for name, members in families.items()]
+    saved = attribution.savings([*singles, *joint])
+    alone = dict(zip(with_cause, saved[: len(with_cause)], strict=True))
+    for (_, members), total in zip(families.items(), saved[len(with_cause):], strict=True):
+        own = np.array([alone[i] for i in members])
+        impact = np.array([max(float(findings[i].impact_ns), 0.0) for i in members])
+        impact = impact if impact.sum() > 0 else np.ones(len(members))
+        # what each removal saves alone is its own (scaled down where they overlap); what they save
+        # only together (causes on symmetric ranks each hidden behind the others) is shared by impact
+        alone_part = own * min(1.0, total / own.sum()) if own.sum() > 0 else own
+        together = max(total - alone_part.sum(), 0.0)
+        out[members] = alone_part + together * impact / impact.sum()
+    return out
+
+
 def _worst_first(kinds: list[str]) -> Callable[[Finding], tuple[Any, ...]]:
-    """The findings' order: severity, impact and start, then whatever tells two findings apart.
+    """The findings' order: severity, recoverable time, impact and start, then whatever tells two
+    findings apart.
 
     A total order, so that the findings come out the same whatever order the maps delivered them
     in: an export mapped by slices of processes (:mod:`nsysan.ingest.slices`) hands on its slices'
@@ -114,7 +202,7 @@ def _worst_first(kinds: list[str]) -> Callable[[Finding], tuple[Any, ...]]:
 
     def key(f: Finding) -> tuple[Any, ...]:
         where = tuple(-1 if v is None else v for v in (f.rank, f.device, f.pid))
-        return (-f.severity.rank, -f.impact_ns, f.start_ns, place.get(f.kind, len(place)), f.kind,
+        return (-f.severity.rank, -f.recoverable_ns, -f.impact_ns, f.start_ns, place.get(f.kind, len(place)), f.kind,
                 *where, f.end_ns, f.group, f.title, json.dumps(f.evidence, sort_keys=True, default=str))  # fmt: skip
 
     return key

@@ -55,7 +55,7 @@ def load_side(arg: str, *, settings: dict[str, dict[str, float]] | None = None,
         doc = analyse_traces(arg)
     else:
         with load_trace([arg]) as trace:
-            doc = analyse(trace, settings)
+            doc = analyse(trace, settings, step_pattern=step_pattern)
             doc["profile"] = build_profile(trace, step_pattern, doc["summary"])
     if manifest is not None:
         doc["capture"] = manifest

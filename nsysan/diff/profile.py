@@ -13,19 +13,13 @@ import numpy as np
 import pandas as pd
 
 from nsysan.ingest.export import NsysExport
-from nsysan.ingest.frames import NVTX_RANGE_TYPES, per_distinct_text
 from nsysan.ingest.nccl import attach_nccl_bytes, is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import union_ns
 from nsysan.overview import copy_table
+from nsysan.steps import DEFAULT_STEP_PATTERN, check_pattern, find_steps
 
 PROFILE_VERSION = 1
-DEFAULT_STEP_PATTERN = r"^\s*(train[_ ]?)?(step|iter|iteration)\b"
-"""NVTX range names that mark one training step (case-insensitive regular expression)."""
-
-MIN_PERIOD_MATCH = 0.9  # share of kernels that must repeat one period later for a kernel-sequence step
-_CANDIDATE_PERIODS = 24
-_MAX_REPEATS_PER_PERIOD = 8  # a period is found when some kernel occurs at most this often in it
 # META_DATA_CAPTURE rows that differ on every run (ids, durations, times), not capture options
 _VOLATILE_OPTION = re.compile(r"UUID|DURATION|TIME|DATE|HOST|PID$", re.IGNORECASE)
 _KERNEL_COLUMNS = ("pid", "device", "start_ns", "end_ns", "name", "short_name", "grid", "block")
@@ -78,82 +72,6 @@ def kernel_table(k: pd.DataFrame) -> list[dict[str, Any]]:
         count=("dur", "size"), total_ns=("dur", "sum"),
     )  # fmt: skip
     return _kernel_rows(g.sort_values("total_ns", ascending=False).reset_index())
-
-
-def _nvtx_steps(trace: Trace, pattern: str) -> pd.DataFrame:
-    """Outermost NVTX ranges whose name matches ``pattern``: one row per (rank, step)."""
-    v = trace.nvtx
-    if v.empty:
-        return pd.DataFrame(columns=["rank", "start_ns", "end_ns"])
-    ranges = v[v["event_type"].isin(NVTX_RANGE_TYPES) & v["end_ns"].notna() & v["rank"].notna()]
-    rx = re.compile(pattern, re.IGNORECASE)
-    hits = per_distinct_text(ranges["text"], lambda texts: np.array([bool(rx.search(t)) for t in texts], dtype=bool))
-    r = ranges[hits].sort_values(["rank", "pid", "tid", "start_ns"])
-    if r.empty:
-        return pd.DataFrame(columns=["rank", "start_ns", "end_ns"])
-    # a step range inside another one (same thread) is a sub-step: keep the outermost
-    prev_end = r.groupby(["rank", "pid", "tid"])["end_ns"].transform(lambda e: e.cummax().shift(1))
-    outer = r[prev_end.isna() | (r["end_ns"] > prev_end)]
-    return outer[["rank", "start_ns", "end_ns"]].astype("int64").reset_index(drop=True)
-
-
-def _period(codes: np.ndarray) -> int | None:
-    """The smallest number of kernels after which the sequence repeats itself (>= 90% of positions
-    equal one period later), or None. Candidates come from the gaps between repeats of each
-    kernel, so only a few lengths are tested, each in one vectorised comparison."""
-    n = len(codes)
-    if n < 6:
-        return None
-    order = np.argsort(codes, kind="stable")  # positions grouped by signature, ascending within each
-    sorted_codes = codes[order]
-    spans = []
-    for c in range(1, _MAX_REPEATS_PER_PERIOD + 1):  # a kernel run c times per period recurs c positions later
-        same = sorted_codes[c:] == sorted_codes[:-c]
-        spans.append((order[c:] - order[:-c])[same])
-    values, counts = np.unique(np.concatenate(spans), return_counts=True)
-    keep = (values >= 2) & (values * 3 <= n)
-    best = values[keep][np.argsort(-counts[keep], kind="stable")][:_CANDIDATE_PERIODS]
-    for p in np.sort(best):
-        if np.mean(codes[p:] == codes[:-p]) >= MIN_PERIOD_MATCH:
-            return int(p)
-    return None
-
-
-def _sequence_steps(k: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple[int, str]]]:
-    """Steps from a repeating kernel sequence: per rank, the compute kernels (NCCL ones run on
-    other streams and interleave) in start order, the period of their signatures, and one anchor
-    kernel that occurs once per period; a step is one anchor start to the next."""
-    compute = k[~is_communication(k)] if len(k) else k
-    rows, anchors = [], []
-    for rank, g in compute.sort_values(["rank", "start_ns"], kind="stable").groupby("rank"):
-        codes, uniques = pd.factorize(g["signature"])
-        p = _period(codes)
-        if p is None:
-            continue
-        counts = np.bincount(codes, minlength=len(uniques))
-        once = [c for c in dict.fromkeys(codes[:p]) if abs(counts[c] * p - len(codes)) <= p]
-        if once:  # the heaviest kernel that runs once per period marks where a step starts
-            dur = np.bincount(codes, weights=(g["end_ns"] - g["start_ns"]).to_numpy(), minlength=len(uniques))
-            idx = np.flatnonzero(codes == max(once, key=lambda c: dur[c]))
-        else:  # every kernel repeats within the period: start periods where the sequence agrees best
-            table = codes[: len(codes) // p * p].reshape(-1, p)
-            offset = int(np.argmax((table == table[1]).mean(axis=0)))  # row 1: a prologue may spoil row 0
-            idx = np.arange(offset, len(codes), p)
-            idx = idx[codes[idx] == table[1, offset]]
-        starts = g["start_ns"].to_numpy()[idx]
-        regular = np.diff(idx) == p  # a missing or extra kernel breaks that step: leave it out
-        if regular.sum() < 2:
-            continue
-        rows.append(pd.DataFrame({"rank": int(rank), "start_ns": starts[:-1][regular], "end_ns": starts[1:][regular]}))  # type: ignore[arg-type]  # key of the int64 rank column
-        first = int(idx[0])
-        anchors.append((
-            int(g["rank"].iloc[0]),
-            f"{g['short_name'].iloc[first]} ({g['shape'].iloc[first]}) "
-            + (f"once every {p} compute kernels" if once else f"starting each period of {p} compute kernels"),
-        ))  # fmt: skip
-    if not rows:
-        return pd.DataFrame(columns=["rank", "start_ns", "end_ns"]), []
-    return pd.concat(rows, ignore_index=True), anchors
 
 
 def _per_step(trace: Trace, k: pd.DataFrame, steps: pd.DataFrame) -> dict[str, dict[str, list[float]]]:
@@ -307,31 +225,29 @@ def _capture(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def profile_part(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN) -> dict[str, Any]:
     """The profile figures of ``trace`` (one export on a worker, or a whole job), per rank, for
-    :func:`merge_profiles`. Whether steps come from NVTX or from the kernel sequence is the job's
-    choice, so a trace without NVTX steps also sends its kernel-sequence steps."""
-    _check_pattern(step_pattern)
+    :func:`merge_profiles`. Steps come from :func:`nsysan.steps.find_steps`, the same windows the
+    report's attribution uses; whether the job's steps are NVTX's or the kernel sequence's is the
+    job's choice, so each part says which it found."""
+    check_pattern(step_pattern)
     k = _kernels(trace)
     ranks = trace.ranks
     m = trace.memcpy
-    steps = _nvtx_steps(trace, step_pattern)
-    part: dict[str, Any] = {
+    steps = find_steps(trace, step_pattern)
+    windows = steps.windows[["rank", "start_ns", "end_ns"]]
+    per = _per_step(trace, k, windows) if len(windows) and steps.source in ("nvtx", "kernel_sequence") else {}
+    return {
         "ranks": sorted(int(r) for r in ranks["rank"].dropna().unique()),
         "rank_sources": sorted(str(x) for x in ranks["rank_source"].dropna().unique())
         if "rank_source" in ranks
         else [],
         "devices": sorted(int(d) for d in pd.concat([k["device"], m["device"]]).dropna().unique()),
         "capture": _capture_part(trace),
-        "nvtx_steps": _per_step(trace, k, steps) if len(steps) else {},
-        "sequence_steps": {},
-        "anchors": [],
+        "nvtx_steps": per if steps.source == "nvtx" else {},
+        "sequence_steps": per if steps.source == "kernel_sequence" else {},
+        "anchors": [(min(int(r) for r in per), steps.detail)] if per and steps.source == "kernel_sequence" else [],
         "ranks_table": _rank_table(trace, k),
         "kernels": kernel_table(k),
     }
-    if steps.empty and len(k):
-        sequence, anchors = _sequence_steps(k)
-        part["sequence_steps"] = _per_step(trace, k, sequence) if len(sequence) else {}
-        part["anchors"] = anchors
-    return part
 
 
 def merge_profiles(parts: list[dict[str, Any]], nccl: list[dict[str, Any]], copies: list[dict[str, Any]],
@@ -376,15 +292,6 @@ def _kernel_rows(g: pd.DataFrame) -> list[dict[str, Any]]:
          "total_ns": int(t)}
         for s, n, sh, c, cnt, t in zip(*columns, strict=True)
     ]  # fmt: skip
-
-
-def _check_pattern(step_pattern: str) -> None:
-    try:
-        re.compile(step_pattern)
-    except re.error as exc:
-        from nsysan.errors import InputError
-
-        raise InputError(f"--step-pattern {step_pattern!r}: not a regular expression ({exc})") from None
 
 
 def summary_tables(summary: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -605,6 +605,8 @@ FRAMES: dict[str, FrameSpec] = {
         ),
         table_column="source",
     ),
+    # OS runtime calls of the host threads (reads, waits, sleeps): what a thread did while the GPU idled.
+    "osrt": FrameSpec(("osrt",), (*_THREAD, *_START_END, Column("name", "nameId", Kind.STRING, required=True))),
     "sync": FrameSpec(
         ("sync",),
         (
@@ -660,13 +662,19 @@ def unpack_shape(grid: int, block: int) -> tuple[list[int], list[int]]:
 
 
 def read_frame(
-    x: NsysExport, frame: str, columns: Iterable[str] | None = None, correlation_ids: np.ndarray | None = None
+    x: NsysExport,
+    frame: str,
+    columns: Iterable[str] | None = None,
+    correlation_ids: np.ndarray | None = None,
+    names_like: tuple[str, ...] = (),
 ) -> pd.DataFrame:
     """One frame of one export, as :data:`FRAMES` describes it: all its columns or just ``columns``
     (the table a row came from, ``api`` or ``source``, is a column too).
 
     With ``correlation_ids``, only the rows with those ids are read (SQLite filters them, so a
     million launch calls never reach Python to find the few that launched NCCL kernels).
+    With ``names_like``, only the rows whose ``name`` (a ``nameId`` into StringIds) matches one of
+    these SQL LIKE patterns are read (the few synchronizing calls among a million launches).
     """
     spec = FRAMES[frame]
     wanted = None if columns is None else set(columns)
@@ -678,6 +686,11 @@ def read_frame(
         where = f"WHERE {_ident(str(spec.sources['correlation_id']))} IN (SELECT value FROM json_each(?))"
         ids = pd.unique(pd.Series(correlation_ids).dropna().astype("int64"))
         params = (json.dumps(ids.tolist()),)
+    elif names_like:
+        name_id = _ident(str(spec.sources["name"]))
+        likes = " OR ".join("value LIKE ?" for _ in names_like)
+        where = f"WHERE {name_id} IN (SELECT id FROM StringIds WHERE {likes})"
+        params = tuple(names_like)
     parts, tables = [], []
     for role in spec.roles:
         table = find_table(x, role)

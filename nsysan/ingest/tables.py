@@ -41,6 +41,8 @@ ROLES: dict[str, TableRole] = {
             "start end globalTid nameId overheadType",
         ),
         _role("profiler_overhead", ("PROFILER_OVERHEAD",), "start end globalTid nameId"),
+        # OS runtime calls (``--trace=osrt``): file reads, waits, sleeps of the host threads
+        _role("osrt", ("OSRT_API",), "start end globalTid nameId"),
         _role("sync", ("CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",), "start end deviceId streamId syncType"),
         _role("cuda_events", ("CUPTI_ACTIVITY_KIND_CUDA_EVENT",), "deviceId streamId correlationId eventId"),
         _role(

@@ -19,6 +19,7 @@ memset             pid device context stream correlation_id start_ns end_ns byte
                    graph_node_id
 cuda_api           pid tid correlation_id start_ns end_ns name return_value api
 nvtx               pid tid start_ns end_ns event_type domain text payload_int
+osrt               pid tid start_ns end_ns name
 nccl_calls         pid tid start_ns end_ns call comm_id bytes peer nranks comm_rank
 overhead           pid tid start_ns end_ns name overhead_type correlation_id source
 sync               pid device context stream correlation_id start_ns end_ns sync_type
@@ -103,6 +104,7 @@ class Trace:
         self._kernel_cache: pd.DataFrame | None = None
         self._frames: dict[str, pd.DataFrame] = {}
         self._launches: dict[tuple[int, str], pd.DataFrame] = {}  # wide launch-call reads, by export and ids
+        self._api: dict[tuple[int, tuple[str, ...]], pd.DataFrame] = {}  # narrow reads of every call, by columns
         self.exports = [
             ExportInfo(
                 index=i,
@@ -261,9 +263,7 @@ class Trace:
             if read_columns is not None and 2 * len(wanted) >= (  # a kernel has one launch, at most
                 self.count_in_export(index, "runtime") + self.count_in_export(index, "driver")
             ):
-                read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns)
-                name = "cuda_api." + hashlib.sha256(" ".join(read_columns).encode()).hexdigest()[:16]
-                every = self._read(x, name, read)
+                every = self._api_of(index, tuple(read_columns))
                 return every[every["correlation_id"].isin(wanted)].reset_index(drop=True)
             unique = np.unique(wanted)
             read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns,
@@ -279,9 +279,44 @@ class Trace:
 
         return self._gather(matching, with_rank=columns is None)
 
+    def _api_of(self, index: int, columns: tuple[str, ...]) -> pd.DataFrame:
+        """Every CUDA API call of export ``index`` with just ``columns``, read once per set of
+        columns and kept: the slowdown detector's positions, the steps and the attribution's host
+        timeline each need every launch of a million-kernel export, and SQLite reads it once."""
+        key = (index, columns)
+        if key not in self._api:
+            x = self._exports[index]
+            read = functools.partial(frames.read_frame, frame="cuda_api", columns=columns)
+            name = "cuda_api." + hashlib.sha256(" ".join(columns).encode()).hexdigest()[:16]
+            self._api[key] = self._read(x, name, read)
+        return self._api[key]
+
+    def calls_named(self, patterns: tuple[str, ...]) -> pd.DataFrame:
+        """The CUDA API calls whose names match one of the SQL LIKE ``patterns`` (every column but
+        the return value), read in SQL: a few among millions of launches."""
+        read = functools.partial(frames.read_frame, frame="cuda_api", names_like=patterns,
+                                 columns=("pid", "tid", "correlation_id", "start_ns", "end_ns", "name"))  # fmt: skip
+        key = "cuda_api.named." + hashlib.sha256("\0".join(patterns).encode()).hexdigest()[:16]
+        return self._gather(lambda x: self._read(x, key, read), with_rank=False)
+
+    def api_calls(self, columns: Sequence[str]) -> pd.DataFrame:
+        """Every CUDA runtime and driver call with ``export``, ``pid`` and ``columns`` (no rank: a
+        million calls need not carry one), in each export's row order."""
+        wanted = tuple(dict.fromkeys(["pid", *columns]))
+        parts = []
+        for i in range(len(self._exports)):
+            df = self._api_of(i, wanted)
+            parts.append(df.assign(export=np.int64(i))[["export", *wanted]])
+        return frames.concat_frames(parts)
+
     @property
     def nvtx(self) -> pd.DataFrame:
         return self._frame("nvtx")
+
+    @property
+    def osrt(self) -> pd.DataFrame:
+        """OS runtime calls (``nsys profile --trace=osrt``): pid tid start_ns end_ns name."""
+        return self._frame("osrt")
 
     @property
     def nccl_calls(self) -> pd.DataFrame:

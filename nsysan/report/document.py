@@ -43,26 +43,33 @@ SEVERITY_RANK = {s.value: s.rank for s in Severity}  # "critical" -> 2: severiti
 def fold_groups(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Findings (contract dicts) folded by their ``group`` key: one headline per problem.
 
-    A headline has the group's severity, how many occurrences it has, their total impact and the
-    index (into ``findings``) of the worst one; headlines come worst first. A finding without a
+    A headline has the group's severity, how many occurrences it has, their total impact and
+    recoverable time and the index (into ``findings``) of the worst one; headlines come worst
+    first: by severity, then by the time their fix would recover. A finding without a
     group key is a group of its own.
     """
     groups: dict[str, dict[str, Any]] = {}
     for i, f in enumerate(findings):
         key = f.get("group") or f"#{i}"
         g = groups.setdefault(key, {"group": f.get("group") or "", "kind": f["kind"], "severity": f["severity"],
-                                    "count": 0, "impact_ns": 0, "worst": i, "findings": []})  # fmt: skip
+                                    "count": 0, "impact_ns": 0, "recoverable_ns": 0, "worst": i, "findings": []})  # fmt: skip
         g["count"] += 1
         g["impact_ns"] += int(f["impact_ns"])
+        g["recoverable_ns"] += int(f.get("recoverable_ns", 0))
         g["findings"].append(i)
         if SEVERITY_RANK[f["severity"]] > SEVERITY_RANK[g["severity"]]:
             g["severity"] = f["severity"]
         if f["impact_ns"] > findings[g["worst"]]["impact_ns"]:
             g["worst"] = i
-    return sorted(groups.values(), key=lambda g: (-SEVERITY_RANK[g["severity"]], -g["impact_ns"], g["worst"]))
+    return sorted(groups.values(),
+                  key=lambda g: (-SEVERITY_RANK[g["severity"]], -g["recoverable_ns"], -g["impact_ns"], g["worst"]))  # fmt: skip
 
 
-def build_document(overview: Overview, findings: list[Finding]) -> dict[str, Any]:
+REPORT_VERSION = 2
+"""The report document's contract version (docs/report.md): 2 added ``steps`` and ``recoverable_ns``."""
+
+
+def build_document(overview: Overview, findings: list[Finding], steps: dict[str, Any] | None = None) -> dict[str, Any]:
     exports = overview.exports
     traces = [
         {"path": row["path"], "schema_version": row["schema_version"],
@@ -83,10 +90,14 @@ def build_document(overview: Overview, findings: list[Finding]) -> dict[str, Any
         "limitations": list(overview.limitations),
     }
     plain = [_plain(f.to_dict()) for f in findings]
-    return {
+    doc = {
+        "report_version": REPORT_VERSION,
         "nsysan_version": __version__,
         "traces": traces,
         "findings": plain,
         "groups": fold_groups(plain),
         "summary": summary,
     }
+    if steps is not None:
+        doc["steps"] = _plain(steps)
+    return doc

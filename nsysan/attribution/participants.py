@@ -74,7 +74,7 @@ def _step_numbers(text: pd.Series) -> pd.Series:
     return pd.Series(per_distinct_text(text, numbers), index=text.index)
 
 
-def _candidates(ops: pd.DataFrame, tol_ns: int, tol_share: float, reach: int) -> pd.DataFrame:
+def _candidates(ops: pd.DataFrame, tol_ns: int, tol_share: float, reach: int, p2p_tol_ns: int = 0) -> pd.DataFrame:
     """Ordered pairs (i, j) of ops on different ranks, in the same iteration, that overlap in time
     and end within the tolerance: a bounded number of vectorised passes over the ops in end order."""
     order = np.lexsort((ops["a_end"].to_numpy(), ops["iteration"].to_numpy()))
@@ -84,6 +84,8 @@ def _candidates(ops: pd.DataFrame, tol_ns: int, tol_share: float, reach: int) ->
     it = ops["iteration"].to_numpy()[order]
     index = ops.index.to_numpy()[order]
     tol = np.maximum(tol_ns, tol_share * (end - start))
+    if p2p_tol_ns and "p2p" in ops:  # a receiver finishes a few tens of us after its sender: wider for p2p
+        tol = np.where(ops["p2p"].to_numpy(dtype=bool)[order], np.maximum(tol, p2p_tol_ns), tol)
     n = len(order)
     pairs = []
     for shift in range(1, min(reach, n - 1) + 1):
@@ -96,7 +98,9 @@ def _candidates(ops: pd.DataFrame, tol_ns: int, tol_share: float, reach: int) ->
     return pd.DataFrame(both, columns=EDGE_COLUMNS).drop_duplicates()
 
 
-def by_position(ops: pd.DataFrame, tol_ns: int, tol_share: float, min_iterations: int, reach: int) -> pd.DataFrame:
+def by_position(
+    ops: pd.DataFrame, tol_ns: int, tol_share: float, min_iterations: int, reach: int, p2p_tol_ns: int = 0
+) -> pd.DataFrame:
     """Participant edges (i, j) from program position; ``ops`` needs rank, export, pid, stream,
     iteration, a_start, a_end (job clock) and short_name, indexed by op id."""
     if ops.empty:
@@ -108,7 +112,7 @@ def by_position(ops: pd.DataFrame, tol_ns: int, tol_share: float, min_iterations
     slot_key = pd.DataFrame({"rank": ops["rank"], "stream": ops["stream"], "position": position,
                              "name": ops["short_name"]})  # fmt: skip
     slot = slot_key.groupby(list(slot_key.columns), sort=False, dropna=False, observed=True).ngroup()
-    cand = _candidates(ops, tol_ns, tol_share, reach)
+    cand = _candidates(ops, tol_ns, tol_share, reach, p2p_tol_ns)
     cand = cand.assign(si=slot.loc[cand["i"]].to_numpy(), sj=slot.loc[cand["j"]].to_numpy())
     agree = cand.drop_duplicates(["si", "sj", "i"]).groupby(["si", "sj"]).size().rename("agree")
     presence = pd.DataFrame({"slot": slot, "iteration": ops["iteration"]}).drop_duplicates()

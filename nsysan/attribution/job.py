@@ -1,0 +1,560 @@
+"""The reduce of the attribution: the job's steps, clock, collectives, breakdown and graph.
+
+:func:`reduce_attribution` takes every export's :class:`~.part.AttributionPart` and returns a
+:class:`JobAttribution`: the exports on one clock (:mod:`.clock`), each NCCL operation matched with
+its participants on the other ranks and its last arrival, each step's communication split into
+waiting for a peer and transfer, and the job's dependency graph (:mod:`.graph`), whose replay with
+a cause removed (:meth:`JobAttribution.savings`) is what fixing the cause would save. Detectors of
+the problems no single export shows (late ranks, idle GPUs, copy-bound steps, exposed
+communication) read it; so does the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from nsysan.attribution import clock as clocks
+from nsysan.attribution import comm as comm_table
+from nsysan.attribution.breakdown import CATEGORIES, COPY_COLUMNS
+from nsysan.attribution.graph import EDGE, KIND, GraphPart
+from nsysan.attribution.host import IDLE_CAUSES
+from nsysan.attribution.part import AttributionPart
+from nsysan.attribution.whatif import Topology, replay
+from nsysan.findings import Cause, Edit
+from nsysan.ingest.frames import concat_frames
+from nsysan.intervals import union_ns
+
+STEPS_VERSION = 1
+_CHUNK = 64  # scenarios replayed together
+MAX_GRAPH_NODES = 4_000_000  # beyond this the job is not replayed (memory); the report says so
+
+
+@dataclass
+class JobGraph:
+    """The job's graph: its nodes (with kind, rank, step, work) and the topology replays walk."""
+
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    topo: Topology
+    node_base: list[int]  # per export, the id of its first node
+    end_nodes: np.ndarray  # the nodes of each rank's last step: the job ends with the latest of them
+    start_nodes: np.ndarray  # each rank's first node: the job starts with the earliest of their starts
+    start_lead: np.ndarray  # per start node, its time less its rank's first step's start
+    origin_ns: int  # the job-clock time of the graph's time 0
+
+    def job_times(self) -> np.ndarray:
+        """Every node's recorded time on the job clock."""
+        return self.topo.time + self.origin_ns
+
+
+@dataclass
+class JobAttribution:
+    """Where the job's step time went, and what-if replays (see the module docstring)."""
+
+    source: str | None
+    detail: str | None
+    clock: clocks.Clock
+    windows: pd.DataFrame  # export, rank, step, start_ns, end_ns (export clock), a_start, a_end (job clock)
+    breakdown: pd.DataFrame  # per (export, rank, step): CATEGORIES in ns, idle_<cause>_ns
+    comm: pd.DataFrame  # the NCCL operations on the job clock, with group, arrival_ns, waited_ns, late_op
+    participants: comm_table.Participants | None
+    graph: JobGraph | None
+    job_start_ns: int
+    job_end_ns: int
+    unjudged: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gaps: pd.DataFrame = field(default_factory=pd.DataFrame)  # idle gaps: rank, step, start/end, cause, node
+
+    @property
+    def wall_ns(self) -> int:
+        """The job's wall time: first step start to last step end, over every rank (job clock)."""
+        return max(self.job_end_ns - self.job_start_ns, 0)
+
+    def globalize(self, cause: Cause) -> Cause:
+        """``cause`` with its nodes numbered in the job's graph (an export's map numbers its own)."""
+        if cause.export < 0:
+            return cause
+        if self.graph is None or cause.export >= len(self.graph.node_base):
+            return Cause(cause.family)
+        base = self.graph.node_base[cause.export]
+        edits = tuple(Edit(e.action, nodes=tuple(int(n) + base for n in e.nodes), amounts=e.amounts)
+                      for e in cause.edits)  # fmt: skip
+        return Cause(cause.family, edits)
+
+    def nodes_of(self, cause: Cause) -> list[tuple[str, np.ndarray, np.ndarray]]:
+        """The cause's edits as (action, global node ids, amounts)."""
+        cause = self.globalize(cause)
+        return [(e.action, np.asarray(e.nodes, dtype=np.int64), np.asarray(e.amounts, dtype=np.float64))
+                for e in cause.edits if e.nodes]  # fmt: skip
+
+    def host_catch_up(self, rank: int, steps: np.ndarray, causes: list[int]) -> tuple[Edit, ...]:
+        """Edits for a host that lost no time to ``causes`` (indexes of IDLE_CAUSES) in ``steps`` of
+        ``rank``: each launch made earlier by the idle of those causes that came before it in its
+        host epoch (a host that did not stall there runs that far ahead), and each blocking call
+        by the idle of its previous epoch."""
+        if self.graph is None or self.gaps.empty:
+            return ()
+        g = self.gaps
+        sel = (g["rank"] == rank) & g["step"].isin(steps) & g["cause"].isin(causes) & (g["node"] >= 0)
+        gaps = g[sel.to_numpy()]
+        if gaps.empty:
+            return ()
+        topo, edges = self.graph.topo, self.graph.edges
+        kind = edges["kind"].to_numpy()
+        launch_src = np.full(topo.n, -1, dtype=np.int64)  # per node, where its launch edge comes from
+        rows = np.flatnonzero(kind == EDGE["launch"])
+        launch_src[topo.dst[rows]] = topo.src[rows]
+        times = self.graph.job_times()
+        off = np.asarray(self.clock.offsets, dtype=np.int64)[gaps["export"].to_numpy(dtype=np.int64)]
+        lost = pd.DataFrame({"epoch": launch_src[gaps["node"].to_numpy(dtype=np.int64)],
+                             "end": gaps["end_ns"].to_numpy() + off,
+                             "ns": (gaps["end_ns"] - gaps["start_ns"]).to_numpy(dtype=np.float64)})  # fmt: skip
+        lost = lost[lost["epoch"] >= 0].sort_values("end", kind="stable")
+        n = self.graph.nodes
+        # the work launched in the epochs that lost time, whatever step it ran in: a stall at the end
+        # of a step delays the next step's launches
+        mine = np.flatnonzero((n["rank"].to_numpy() == rank) & np.isin(launch_src, lost["epoch"].unique()))
+        shift = np.zeros(len(mine))
+        done = times[mine]  # a segment's launch edge carries its last launch's: count the gaps up to its end
+        for epoch, gl in lost.groupby("epoch"):
+            at = np.flatnonzero(launch_src[mine] == epoch)
+            cum = np.concatenate([[0.0], np.cumsum(gl["ns"].to_numpy())])
+            shift[at] = cum[np.searchsorted(gl["end"].to_numpy(), done[at], side="right")]
+        edits = []
+        keep = shift > 0
+        if keep.any():
+            edits.append(Edit("earlier_launch", nodes=tuple(int(v) for v in mine[keep]),
+                              amounts=tuple(float(x) for x in shift[keep])))  # fmt: skip
+        # the next blocking call of each epoch with lost time: the host got there that much sooner
+        per_epoch = lost.groupby("epoch")["ns"].sum()
+        host_rows = np.flatnonzero(kind == EDGE["host"])
+        nxt = pd.Series(topo.dst[host_rows], index=topo.src[host_rows])
+        nxt = nxt[~nxt.index.duplicated()]
+        calls = nxt.reindex(per_epoch.index.to_numpy()).to_numpy()
+        ok = ~np.isnan(calls)
+        if ok.any():
+            edits.append(Edit("earlier_host", nodes=tuple(int(v) for v in calls[ok]),
+                              amounts=tuple(float(x) for x in per_epoch.to_numpy()[ok])))  # fmt: skip
+        return tuple(edits)
+
+    def comm_nodes(self, ops: np.ndarray, kind: str) -> np.ndarray:
+        """The graph nodes (``kind`` "arrival" or "end") of NCCL operations ``ops`` (-1: none)."""
+        out = np.full(len(ops), -1, dtype=np.int64)
+        if self.graph is None or not len(ops):
+            return out
+        n = self.graph.nodes
+        rows = np.flatnonzero((n["kind"].to_numpy() == KIND[kind]) & (n["comm"].to_numpy() >= 0))
+        lookup = pd.Series(rows, index=n["comm"].to_numpy()[rows])
+        found = lookup.reindex(np.asarray(ops, dtype=np.int64)).to_numpy()
+        ok = ~np.isnan(found)
+        out[ok] = found[ok].astype(np.int64)
+        return out
+
+    def savings(self, causes: list[Cause]) -> np.ndarray:
+        """Per cause, how much shorter the job's wall time is when the graph is replayed without
+        it (ns, >= 0). Zero for every cause when the job has no graph."""
+        out = np.zeros(len(causes))
+        if self.graph is None or not causes:
+            return out
+        g = self.graph
+        end_times = g.topo.time[g.end_nodes]
+        start_times = g.topo.time[g.start_nodes] - g.start_lead
+        actual = (float(end_times.max()) if len(end_times) else 0.0) - (float(start_times.min()) if len(start_times)
+                                                                          else 0.0)  # fmt: skip
+        for lo in range(0, len(causes), _CHUNK):
+            chunk = causes[lo : lo + _CHUNK]
+            shifts = replay(g.topo, [self._edge_edits(c) for c in chunk])
+            new_end = _moved(end_times, g.end_nodes, shifts, len(chunk))
+            new_start = _moved(start_times, g.start_nodes, shifts, len(chunk))
+            wall = new_end.max(axis=0) - (new_start.min(axis=0) if len(start_times) else 0.0)
+            out[lo : lo + len(chunk)] = np.maximum(actual - wall, 0.0)
+        return out
+
+    def _edge_edits(self, cause: Cause) -> dict[int, float]:
+        """A cause's edits as {edge row: new weight} on the job graph."""
+        assert self.graph is not None
+        topo, nodes = self.graph.topo, self.graph.nodes
+        kind = self.graph.edges["kind"].to_numpy()
+        work = nodes["work_ns"].to_numpy()
+        out: dict[int, float] = {}
+
+        def in_rows(v: int) -> np.ndarray:
+            return topo.in_rows[topo.in_start[v] : topo.in_start[v + 1]]
+
+        def lower(rows: np.ndarray, by: float) -> None:
+            for r in rows.tolist():
+                out[r] = min(out.get(r, topo.weight[r]), topo.weight[r] - by)
+
+        def drop(rows: np.ndarray, of: np.ndarray) -> None:
+            keep = np.setdiff1d(of, rows)
+            if len(keep):  # a node keeps at least one constraint
+                for r in rows.tolist():
+                    out[r] = -np.inf
+
+        for action, ids, amounts in self.nodes_of(cause):
+            for i, v in enumerate(ids.tolist()):
+                if v <= 0 or v >= topo.n:
+                    continue
+                rows = in_rows(v)
+                if action == "shorten":
+                    lower(rows, min(float(amounts[i]) if i < len(amounts) else 0.0, float(work[v])))
+                elif action == "scale":
+                    fc = float(amounts[2 * i]) if 2 * i < len(amounts) else 1.0
+                    fy = float(amounts[2 * i + 1]) if 2 * i + 1 < len(amounts) else 1.0
+                    lower(rows, (1 - fc) * nodes["compute_ns"].iat[v] + (1 - fy) * nodes["copy_ns"].iat[v])
+                elif action == "no_gap":
+                    slack = topo.time[v] - topo.time[topo.src[rows]] - topo.weight[rows]
+                    lower(rows[slack <= 0.5], float(amounts[i]) if i < len(amounts) else 0.0)
+                elif action == "no_launch_wait":
+                    drop(rows[kind[rows] == EDGE["launch"]], rows)
+                elif action == "earlier_launch":
+                    lower(rows[kind[rows] == EDGE["launch"]], float(amounts[i]) if i < len(amounts) else 0.0)
+                elif action == "earlier_host":
+                    lower(rows[kind[rows] == EDGE["host"]], float(amounts[i]) if i < len(amounts) else 0.0)
+                elif action == "no_stream_order":
+                    drop(rows[kind[rows] == EDGE["stream"]], rows)
+                elif action == "unblock":
+                    drop(rows[kind[rows] == EDGE["sync"]], rows)
+                elif action == "no_transfer":
+                    for r in rows[kind[rows] == EDGE["transfer"]].tolist():
+                        out[r] = min(out.get(r, topo.weight[r]), 0.0)
+        return out
+
+    def document(self) -> dict[str, Any]:
+        """The report's ``steps`` section (docs/report.md)."""
+        ranks: dict[str, Any] = {}
+        b = self.breakdown
+        for rank, g in b.groupby("rank", sort=True):
+            g = g.sort_values("step")
+            ranks[str(int(rank))] = {  # type: ignore[call-overload]
+                "export": int(g["export"].iloc[0]),
+                "start_ns": [int(v) for v in g["start_ns"]],
+                "end_ns": [int(v) for v in g["end_ns"]],
+                "breakdown_ns": {c: [int(v) for v in g[c]] for c in CATEGORIES},
+                "idle_causes_ns": {c: [int(v) for v in g[f"idle_{c}_ns"]] for c in IDLE_CAUSES},
+            }
+        return {
+            "version": STEPS_VERSION,
+            "source": self.source,
+            "detail": self.detail,
+            "clock": {"method": self.clock.method, "uncertainty_ns": int(self.clock.uncertainty_ns),
+                      "offsets_ns": [int(o) for o in self.clock.offsets]},  # fmt: skip
+            "job": {"start_ns": int(self.job_start_ns), "end_ns": int(self.job_end_ns), "wall_ns": int(self.wall_ns),
+                    "critical_rank": self.critical_ranks(), "graph_nodes": 0 if self.graph is None
+                    else int(self.graph.topo.n)},  # fmt: skip
+            "ranks": ranks,
+            "unjudged": list(self.unjudged),
+        }
+
+    def critical_ranks(self) -> list[int]:
+        """Per step number, the rank whose step ended last on the job clock (the one the others
+        waited for at the step's end)."""
+        w = self.windows
+        if w.empty:
+            return []
+        last = w.sort_values(["step", "a_end", "rank"], kind="stable").drop_duplicates("step", keep="last")
+        return [int(r) for r in last["rank"]]
+
+
+def reduce_attribution(
+    parts: list[AttributionPart], utc: list[int], matching: comm_table.Matching, notes: list[str] | None = None
+) -> JobAttribution:
+    """The job's attribution from every export's part (in export order) and each export's UTC
+    offset to the job clock (``Trace.job_clock``)."""
+    notes = notes if notes is not None else []
+    unjudged: list[dict[str, Any]] = []
+    sources = [p.source for p in parts if p.source]
+    source = max(set(sources), key=sources.count) if sources else None
+    if len(set(sources)) > 1:
+        notes.append("Steps came from NVTX ranges on some ranks and from the kernel sequence on others: compare "
+                     "step figures across ranks with care.")  # fmt: skip
+    detail = "; ".join(dict.fromkeys(p.detail for p in parts if p.detail)) or None
+
+    comm = concat_frames([p.comm for p in parts]) if parts else pd.DataFrame()
+    comm_base = np.cumsum([0] + [len(p.comm) for p in parts])
+    if len(comm):
+        comm["op"] = comm["op"].to_numpy(dtype=np.int64) + comm_base[comm["export"].to_numpy(dtype=np.int64)]
+        comm = comm.sort_values("op", kind="stable").reset_index(drop=True)
+    members = concat_frames([p.members for p in parts]) if parts else pd.DataFrame()
+    legs = concat_frames([p.legs.assign(op=p.legs["op"].to_numpy() + comm_base[i]) for i, p in enumerate(parts)
+                          if len(p.legs)]) if any(len(p.legs) for p in parts) else None  # fmt: skip
+
+    # the clock: UTC, corrected by coinciding NCCL ends, then refined on matched operations
+    ends = [p.comm["end_ns"].to_numpy(dtype=np.int64) for p in parts]
+    offsets, decided = clocks.coarse(ends, utc) if len(parts) > 1 else (list(utc), [False] * len(parts))
+    participants = None
+    group = np.full(len(comm), -1, dtype=np.int64)
+    if len(comm):
+        legs = _legs_on_job(legs, comm, members)
+        on = comm_table.on_job(comm, members, offsets)
+        _number_communicators(comm, legs)
+        if on["rank"].nunique() >= 2:
+            participants = comm_table.participants(on, matching, notes, legs)
+            group = participants.clock_groups()
+        refined, uncertainty, spanning = clocks.refine(offsets, comm[["export", "end_ns"]], group)
+        if len(parts) > 1 and spanning >= clocks.MIN_MATCHES:
+            offsets = refined
+        comm = comm_table.on_job(comm, members, offsets)
+    else:
+        uncertainty, spanning = 0, 0
+    if len(parts) <= 1:
+        method = "one export: its processes share one clock"
+    elif spanning >= clocks.MIN_MATCHES:
+        moved = max(abs(o - u) for o, u in zip(offsets, utc, strict=True))
+        method = (f"NCCL operation ends: {spanning:,} operations matched across exports; session start times "
+                  f"(UTC) corrected by up to {moved / 1e3:.0f} us")  # fmt: skip
+    else:
+        method = "session start times (UTC): too few NCCL operations matched across exports to align on"
+        if len(parts) > 1:
+            uncertainty = max(uncertainty, 1_000_000)  # NTP-grade agreement between hosts, at best
+    clock = clocks.Clock([int(o) for o in offsets], method, int(uncertainty))
+
+    # arrivals: each operation's last participant (its collective's, or its send/recv partners')
+    if len(comm):
+        a_start = comm["a_start"].to_numpy(dtype=np.int64)
+        late = comm_table.latest_peer(comm, participants) if participants is not None else np.full(len(comm), -1)
+        comm["group"] = participants.group.to_numpy() if participants is not None else -1
+        comm["matched"] = participants.matched() if participants is not None else False
+        comm["late_op"] = late
+        comm["arrival_ns"] = np.where(late >= 0, np.maximum(a_start, a_start[np.maximum(late, 0)]), a_start)
+        comm["waited_ns"] = comm["arrival_ns"].to_numpy() - a_start
+
+    windows = concat_frames([p.windows for p in parts]) if parts else pd.DataFrame(columns=["export", "rank"])
+    offset_of = np.asarray(offsets, dtype=np.int64)
+    if len(windows):
+        ex = windows["export"].to_numpy(dtype=np.int64)
+        windows = windows.assign(a_start=windows["start_ns"].to_numpy() + offset_of[ex],
+                                 a_end=windows["end_ns"].to_numpy() + offset_of[ex])  # fmt: skip
+    breakdown = _split_communication(parts, comm, comm_base, offset_of, unjudged)
+    if source == "capture" and len(windows):
+        for rank, w in windows.groupby("rank"):
+            unjudged.append({"detector": "steps", "rank": int(rank),  # type: ignore[call-overload]
+                             "ns": int((w["end_ns"] - w["start_ns"]).sum()),
+                             "why": "no NVTX step ranges and no repeating kernel sequence: the capture counts as one "
+                                    "step (pass --step-pattern to name the step ranges)"})  # fmt: skip
+
+    job_start = int(windows["a_start"].min()) if len(windows) else 0
+    job_end = int(windows["a_end"].max()) if len(windows) else 0
+    graph = _assemble(parts, comm, comm_base, offset_of, windows, notes, participants)
+    gaps = concat_frames([p.gaps for p in parts]) if parts else pd.DataFrame()
+    if graph is not None and len(gaps):
+        base = np.asarray(graph.node_base, dtype=np.int64)
+        node = gaps["node"].to_numpy(dtype=np.int64)
+        gaps = gaps.assign(node=np.where(node >= 0, node + base[gaps["export"].to_numpy(dtype=np.int64)], -1))
+    for p in parts:
+        notes.extend(p.notes)
+    return JobAttribution(source, detail, clock, windows, breakdown, comm, participants, graph, job_start, job_end,
+                          unjudged, notes, gaps)  # fmt: skip
+
+
+def _moved(times: np.ndarray, nodes: np.ndarray, shifts: dict[int, np.ndarray], scenarios: int) -> np.ndarray:
+    """``times`` of ``nodes`` (nodes x scenarios) after a replay's ``shifts``."""
+    out = np.tile(times[:, None], (1, scenarios))
+    for i, node in enumerate(nodes.tolist()):
+        s = shifts.get(node)
+        if s is not None:
+            out[i] += s
+    return out
+
+
+def _legs_on_job(legs: pd.DataFrame | None, comm: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame | None:
+    """The legs of multi-call kernels with each leg's rank in its communicator filled the way
+    :func:`comm.on_job` fills an op's (its position among the members by global rank)."""
+    if legs is None or not len(legs):
+        return None
+    m = members.dropna().drop_duplicates(["comm_id", "rank"]).sort_values("rank")
+    position = m.assign(pos=m.groupby("comm_id").cumcount()).set_index(["comm_id", "rank"])["pos"]
+    rank = comm["rank"].to_numpy()[legs["op"].to_numpy()]
+    guess = legs["comm_rank"].isna().to_numpy()
+    out = legs.copy()
+    if guess.any():
+        keys = pd.MultiIndex.from_arrays([legs.loc[guess, "comm_id"], rank[guess]])
+        out.loc[guess, "comm_rank"] = pd.array(position.reindex(keys).to_numpy(), dtype="Int64")
+    return out
+
+
+def _number_communicators(raw: pd.DataFrame, legs: pd.DataFrame | None) -> None:
+    """The legs' communicator hashes replaced by the numbers :func:`comm.on_job` gives the ops'
+    (``raw``: the ops before it; by first appearance), new numbers for communicators only legs name."""
+    if legs is None or not len(legs):
+        return
+    ids = pd.concat([raw["comm_id"].astype("UInt64"), legs["comm_id"].astype("UInt64")], ignore_index=True)
+    codes = pd.factorize(ids)[0][len(raw) :]
+    legs["comm_id"] = pd.arrays.IntegerArray(codes.astype(np.int32), codes < 0)
+
+
+def _split_communication(
+    parts: list[AttributionPart], comm: pd.DataFrame, comm_base: np.ndarray, offset_of: np.ndarray,
+    unjudged: list[dict[str, Any]],
+) -> pd.DataFrame:  # fmt: skip
+    """The map's per-step breakdown with its communication split at each operation's last arrival:
+    ``communication_exposed`` (some NCCL kernel transferring, nothing computing) and
+    ``waiting_for_peer`` (the rest of the exposed NCCL time)."""
+    frames = [p.breakdown for p in parts if len(p.breakdown)]
+    if not frames:
+        return pd.DataFrame(columns=["export", "rank", "step", "start_ns", "end_ns", *CATEGORIES,
+                                     *(f"idle_{c}_ns" for c in IDLE_CAUSES), *COPY_COLUMNS])  # fmt: skip
+    b = concat_frames(frames)
+    pieces = concat_frames([p.pieces for p in parts if len(p.pieces)]) if any(len(p.pieces) for p in parts) else None
+    transfer = pd.Series(0, index=pd.MultiIndex.from_frame(b[["export", "rank", "step"]]), dtype="int64")
+    if pieces is not None and len(comm):
+        op = pieces["op"].to_numpy(dtype=np.int64) + comm_base[pieces["export"].to_numpy(dtype=np.int64)]
+        ex = pieces["export"].to_numpy(dtype=np.int64)
+        arrival_local = comm["arrival_ns"].to_numpy()[op] - offset_of[ex]
+        matched = comm["matched"].to_numpy()[op]
+        ps, pe = pieces["start_ns"].to_numpy(dtype=np.int64), pieces["end_ns"].to_numpy(dtype=np.int64)
+        ts = np.where(matched, np.maximum(ps, arrival_local), ps)
+        keep = pe > ts
+        per_op = np.bincount(op[keep], weights=(pe - ts)[keep], minlength=len(comm)).astype(np.int64)
+        comm["exposed_ns"] = per_op
+        t = pd.DataFrame({"export": ex[keep], "rank": pieces["rank"].to_numpy()[keep], "step": pieces["step"].to_numpy()[keep],
+                          "start_ns": ts[keep], "end_ns": pe[keep]})  # fmt: skip
+        if len(t):
+            per = union_ns(t, ["export", "rank", "step"])
+            transfer = per.reindex(transfer.index, fill_value=0).astype("int64")
+        lost = pe[~matched] - ps[~matched]
+        if lost.sum() > 0:
+            unmatched = pd.Series(lost).groupby(pieces["rank"].to_numpy()[~matched]).sum()
+            for rank, ns in unmatched.items():
+                unjudged.append({"detector": "attribution", "rank": int(rank), "ns": int(ns),  # type: ignore[call-overload]
+                                 "why": "NCCL time whose operation was matched with no participant on another rank: "
+                                        "waiting for a peer cannot be told from transfer, counted as communication"})  # fmt: skip
+    comm_exposed = np.minimum(transfer.to_numpy(), b["comm_ns"].to_numpy())
+    out = b.assign(communication_exposed=comm_exposed, waiting_for_peer=b["comm_ns"].to_numpy() - comm_exposed,
+                   compute=b["compute_ns"], copy_exposed=b["copy_ns"], idle=b["idle_ns"])  # fmt: skip
+    cols = ["export", "rank", "step", "start_ns", "end_ns", *CATEGORIES, *(f"idle_{c}_ns" for c in IDLE_CAUSES),
+            *COPY_COLUMNS]
+    return out[cols].sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+
+
+def _assemble(
+    parts: list[AttributionPart], comm: pd.DataFrame, comm_base: np.ndarray, offset_of: np.ndarray,
+    windows: pd.DataFrame, notes: list[str], participants: comm_table.Participants | None,
+) -> JobGraph | None:  # fmt: skip
+    """The job's graph from the exports' parts: one source, times on the job clock from its origin,
+    and a join node per NCCL operation matched across ranks."""
+    total = sum(len(p.graph.nodes) for p in parts)
+    if total == 0:
+        return None
+    if total > MAX_GRAPH_NODES:
+        notes.append(f"What-if replay skipped: the job's dependency graph has {total:,} nodes (limit "
+                     f"{MAX_GRAPH_NODES:,}); recoverable_ns is 0 for every finding and severity falls back to the "
+                     "time lost where it happened.")  # fmt: skip
+        return None
+    node_base = [1]
+    for p in parts[:-1]:
+        node_base.append(node_base[-1] + len(p.graph.nodes))
+    nodes = GraphPart.concat([p.graph for p in parts])  # ids 0.. over all parts; shifted by one below
+    n = nodes.nodes
+    export_of_node = np.repeat(np.arange(len(parts)), [len(p.graph.nodes) for p in parts])
+    time_job = n["time_ns"].to_numpy(dtype=np.int64) + offset_of[export_of_node]
+    origin = int(min(time_job.min(), windows["a_start"].min() if len(windows) else time_job.min()))
+    time = np.concatenate([[0.0], (time_job - origin).astype(np.float64)])
+    e = nodes.edges
+    src = e["src"].to_numpy(dtype=np.int64)
+    dst = e["dst"].to_numpy(dtype=np.int64) + 1
+    weight = e["weight"].to_numpy(dtype=np.float64).copy()
+    from_source = src < 0
+    # edges from the source carry export-clock times: onto the job clock, from its origin
+    weight[from_source] += (offset_of[export_of_node[dst[from_source] - 1]] - origin).astype(np.float64)
+    src = np.where(from_source, 0, src + 1)
+    kind = e["kind"].to_numpy()
+    node_table = pd.concat([pd.DataFrame({"kind": [KIND["source"]], "time_ns": [origin], "rank": [-1], "pid": [-1],
+                                          "device": [-1], "stream": [-1], "step": [-1], "comm": [-1],
+                                          "work_ns": [0.0], "compute_ns": [0.0], "copy_ns": [0.0],
+                                          "first_ns": [origin], "launch_bound": [False]}),
+                            n.assign(export=export_of_node)], ignore_index=True)  # fmt: skip
+    node_table["export"] = node_table["export"].fillna(-1).astype(np.int64)
+    local_comm = node_table["comm"].to_numpy(dtype=np.int64)
+    ex = node_table["export"].to_numpy()
+    node_table["comm"] = np.where(local_comm >= 0, local_comm + comm_base[np.maximum(ex, 0)], -1)
+
+    # joins: the arrivals of a collective's participants meet in one node, a send/recv kernel's
+    # with its partners' in one of its own; each end follows its join by its transfer
+    if len(comm) and comm["matched"].any():
+        kinds = node_table["kind"].to_numpy()
+        arrival_of = np.full(len(comm), -1, dtype=np.int64)
+        end_of = np.full(len(comm), -1, dtype=np.int64)
+        c = node_table["comm"].to_numpy()
+        arr = np.flatnonzero(kinds == KIND["arrival"])
+        arrival_of[c[arr]] = arr
+        en = np.flatnonzero(kinds == KIND["end"])
+        end_of[c[en]] = en
+        g = comm["group"].to_numpy()
+        # (join, op whose arrival feeds it) and (join, op whose end follows it), as join keys
+        coll = np.flatnonzero((g >= 0) & (arrival_of >= 0) & (end_of >= 0))
+        feeds = [pd.DataFrame({"key": g[coll], "op": coll})]
+        follows = [pd.DataFrame({"key": g[coll], "op": coll})]
+        if participants is not None and len(participants.edges):
+            p = participants.partners()
+            p = p[(arrival_of[p["i"].to_numpy()] >= 0) & (end_of[p["i"].to_numpy()] >= 0)
+                  & (arrival_of[p["j"].to_numpy()] >= 0)]  # fmt: skip
+            base = int(g.max(initial=-1)) + 1
+            own = np.unique(p["i"].to_numpy())
+            feeds += [pd.DataFrame({"key": base + own, "op": own}),
+                      pd.DataFrame({"key": base + p["i"].to_numpy(), "op": p["j"].to_numpy()})]  # fmt: skip
+            follows.append(pd.DataFrame({"key": base + own, "op": own}))
+        feed = pd.concat(feeds, ignore_index=True).drop_duplicates()
+        follow = pd.concat(follows, ignore_index=True)
+        size = feed.groupby("key")["op"].transform("size").to_numpy()
+        feed = feed[size >= 2]
+        follow = follow[follow["key"].isin(feed["key"])]
+        if len(feed):
+            codes, uniques = pd.factorize(feed["key"])
+            jt = pd.Series(time[arrival_of[feed["op"].to_numpy()]]).groupby(codes).max().to_numpy()
+            join_of_key = pd.Series(np.arange(len(uniques)), index=uniques)
+            fj = join_of_key.reindex(follow["key"].to_numpy()).to_numpy()
+            end_ids = end_of[follow["op"].to_numpy()]
+            transfer = time[end_ids] - jt[fj]
+            joinable = transfer >= 0  # an end before the last arrival: clock error; that op keeps its own duration
+            drop_transfer = np.isin(dst, end_ids[joinable]) & (kind == EDGE["transfer"])
+            src, dst, weight, kind = src[~drop_transfer], dst[~drop_transfer], weight[~drop_transfer], kind[~drop_transfer]
+            join_id = len(node_table) + np.arange(len(uniques))
+            src = np.concatenate([src, arrival_of[feed["op"].to_numpy()], join_id[fj[joinable]]])
+            dst = np.concatenate([dst, join_id[codes], end_ids[joinable]])
+            weight = np.concatenate([weight, np.zeros(len(feed)), transfer[joinable]])  # a join is its latest arrival
+            kind = np.concatenate([kind, np.full(len(feed), EDGE["arrive"], dtype=kind.dtype),
+                                   np.full(int(joinable.sum()), EDGE["transfer"], dtype=kind.dtype)])  # fmt: skip
+            time = np.concatenate([time, jt])
+            joins = pd.DataFrame({"kind": KIND["join"], "time_ns": (jt + origin).astype(np.int64), "rank": -1,
+                                  "pid": -1, "device": -1, "stream": -1, "step": -1, "comm": -1, "work_ns": 0.0,
+                                  "compute_ns": 0.0, "copy_ns": 0.0, "first_ns": (jt + origin).astype(np.int64),
+                                  "launch_bound": False, "export": -1})  # fmt: skip
+            node_table = pd.concat([node_table, joins], ignore_index=True)
+
+    # every edge forward in time (a concurrent graph branch on one stream id may not be): others dropped
+    backward = time[src] > time[dst] + 0.5
+    if backward.any():
+        src, dst, weight, kind = src[~backward], dst[~backward], weight[~backward], kind[~backward]
+    has_in = np.zeros(len(time), dtype=bool)
+    has_in[dst] = True
+    orphan = np.flatnonzero(~has_in)
+    orphan = orphan[orphan > 0]
+    if len(orphan):  # a node whose only constraint went: its time is fixed
+        src = np.concatenate([src, np.zeros(len(orphan), dtype=np.int64)])
+        dst = np.concatenate([dst, orphan])
+        weight = np.concatenate([weight, time[orphan]])
+        kind = np.concatenate([kind, np.full(len(orphan), EDGE["fixed"], dtype=kind.dtype)])
+    topo = Topology.build(time, src, dst, weight)
+    edges = pd.DataFrame({"src": src, "dst": dst, "weight": weight, "kind": kind})
+    # the nodes of each rank's last step: the job ends with the latest of them
+    last_step = windows.groupby("rank")["step"].max() if len(windows) else pd.Series(dtype="int64")
+    r = node_table["rank"].to_numpy()
+    st = node_table["step"].to_numpy()
+    want = pd.Series(r).map(last_step).to_numpy()
+    end_nodes = np.flatnonzero((st >= 0) & (st == want) & np.isin(node_table["kind"].to_numpy(),
+                                                                   [KIND["segment"], KIND["end"]]))  # fmt: skip
+    # each rank's first node, and how long before it its first step began (the job starts with the earliest)
+    first_step = windows.groupby("rank")["step"].min() if len(windows) else pd.Series(dtype="int64")
+    starts = windows.sort_values("a_start").drop_duplicates("rank").set_index("rank")["a_start"] if len(windows) \
+        else pd.Series(dtype="int64")  # fmt: skip
+    in_first = np.flatnonzero((st >= 0) & (st == pd.Series(r).map(first_step).to_numpy()) & (r >= 0))
+    by_rank = pd.DataFrame({"rank": r[in_first], "node": in_first, "t": time[in_first]}).sort_values("t")
+    first_nodes = by_rank.drop_duplicates("rank")
+    start_nodes = first_nodes["node"].to_numpy(dtype=np.int64)
+    lead = time[start_nodes] - (starts.reindex(first_nodes["rank"]).to_numpy(dtype=np.float64) - origin)
+    return JobGraph(node_table, edges, topo, node_base, end_nodes, start_nodes, np.maximum(lead, 0.0), origin)

@@ -1,0 +1,106 @@
+"""exposed_communication: NCCL transfers that no compute hides.
+
+Definition. In the step breakdown (:mod:`nsysan.attribution`), ``communication_exposed`` is the time
+an NCCL kernel was transferring (all its participants had arrived) while no compute kernel ran on
+the rank's GPU; the time before the last participant arrived is ``waiting_for_peer`` and belongs to
+``late_rank``. An episode is a run of consecutive steps of one rank where it is at least
+``min_exposed_ns`` and ``min_share`` of the step. The evidence names the operations that were
+exposed longest.
+
+Removing the cause: those operations' transfers take no time on any of their participants (the
+graph's transfer edges zeroed), replayed for ``recoverable_ns``: what hiding the communication
+completely would save, an upper bound for overlapping it better. Group: the rank; exposed
+communication on every rank is one family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from nsysan.attribution.job import JobAttribution
+from nsysan.detect.common import SeverityParams, share_text, step_episodes
+from nsysan.detect.registry import JobFacts, param, register
+from nsysan.findings import Cause, Edit, Finding, Severity
+from nsysan.ingest.trace import Trace
+
+KIND = "exposed_communication"
+_TOP = 5
+
+
+@dataclass(frozen=True)
+class Params(SeverityParams):
+    min_exposed_ns: int = param(50_000, "exposed NCCL transfer time a step needs to count")
+    min_share: float = param(0.05, "... and the share of the step it must be")
+
+
+def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tuple[Finding, int]]:
+    """One finding per run of steps whose NCCL transfers were exposed for a large share of the step."""
+    att: JobAttribution | None = job.attribution
+    if att is None or att.breakdown.empty:
+        return []
+    amount = att.breakdown["communication_exposed"].to_numpy(dtype=np.float64)
+    run = max(att.wall_ns, 1)
+    return [(_finding(att, ep), run) for ep in step_episodes(att.breakdown, amount, p.min_exposed_ns, p.min_share)]
+
+
+@register(KIND, Params, reduce=reduce)
+def detect(trace: Trace, p: Params) -> dict[str, pd.DataFrame]:
+    """NCCL transfers on the critical path: not overlapped with compute."""
+    return {}  # the breakdown comes from the attribution
+
+
+def _finding(att: JobAttribution, ep: pd.DataFrame) -> Finding:
+    rank = int(ep["rank"].iloc[0])
+    steps = ep["step"].to_numpy()
+    exposed = int(ep["amount"].sum())
+    length = int((ep["end_ns"] - ep["start_ns"]).sum())
+    first, last = int(steps.min()), int(steps.max())
+    where = f"step {first}" if first == last else f"steps {first}-{last}"
+    c = att.comm
+    ends = np.empty(0, dtype=np.int64)
+    top: list[dict[str, object]] = []
+    if len(c) and "exposed_ns" in c:
+        export = int(ep["export"].iloc[0])
+        off = att.clock.offsets[export] if export < len(att.clock.offsets) else 0
+        lo, hi = int(ep["start_ns"].min()) + off, int(ep["end_ns"].max()) + off
+        mine = c[(c["rank"] == rank) & (c["a_start"] >= lo) & (c["a_start"] < hi) & (c["exposed_ns"] > 0)]
+        groups = mine["group"].to_numpy()
+        everyone = c.index[c["group"].isin(groups[groups >= 0])].to_numpy()
+        if att.participants is not None and len(att.participants.edges):
+            e = att.participants.partners()
+            everyone = np.union1d(everyone, e["j"].to_numpy()[np.isin(e["i"].to_numpy(), mine.index.to_numpy())])
+        ops = np.union1d(mine.index.to_numpy(), everyone)
+        ends = att.comm_nodes(c["op"].to_numpy()[ops], "end")
+        ends = ends[ends >= 0]
+        by_name = mine.groupby(mine["short_name"].astype(str))["exposed_ns"].agg(["sum", "size"])
+        by_name = by_name.sort_values("sum", ascending=False).head(_TOP)
+        top = [{"kernel": str(k), "exposed_ns": int(v["sum"]), "count": int(v["size"])} for k, v in by_name.iterrows()]
+    return Finding(
+        kind=KIND,
+        severity=Severity.INFO,
+        title=(f"Communication exposed on rank {rank}: {exposed / 1e6:.2f} ms of NCCL transfer with no compute "
+               f"beside it ({100 * exposed / max(length, 1):.0f}% of {where})"),  # fmt: skip
+        advice=(
+            "Overlap communication with compute: let DDP's buckets start earlier (bucket_cap_mb, "
+            "gradient_as_bucket_view=True) or FSDP prefetch the next shard (backward_prefetch, forward_prefetch), "
+            "accumulate gradients over more micro-batches per all-reduce, send less (bf16 gradients, "
+            "communication hooks that compress), and check NCCL's algorithm and bandwidth for this message size "
+            "(NCCL_DEBUG=INFO, nccl-tests)."
+        ),
+        start_ns=int(ep["start_ns"].min()),
+        end_ns=int(ep["end_ns"].max()),
+        impact_ns=exposed,
+        rank=rank,
+        group=f"{KIND}|rank {rank}",
+        evidence={
+            "steps": [first, last],
+            "exposed_ns_per_step": [int(v) for v in ep["amount"]],
+            "exposed_share_pct": round(100 * exposed / max(length, 1), 1),
+            "operations": top,
+            "share_of_run": share_text(exposed, att.wall_ns),
+        },
+        cause=Cause(KIND, (Edit("no_transfer", nodes=tuple(int(v) for v in ends)),)),
+    )
