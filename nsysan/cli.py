@@ -141,19 +141,52 @@ def report(
             "`dask worker` on a Slurm allocation); its workers must read the exports at the same paths.",
         ),
     ] = None,
+    step_pattern: Annotated[
+        str | None,
+        typer.Option(
+            "--step-pattern",
+            "--step-regex",
+            metavar="REGEX",
+            help="NVTX range names that mark a training step (case-insensitive regular expression); default: "
+            "step / iter / iteration / train_step / ProfilerStep#. Without matching ranges, steps come from the "
+            "repeating kernel sequence.",
+            show_default=False,
+        ),
+    ] = None,
+    show_all: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="Terminal report: list info finding groups too (by default only warning and critical ones, "
+            "the info ones counted in one line). Use it to see everything that was found.",
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Terminal report: each listed finding group's evidence (where, when, kernels, streams, ids "
+            "to find in the nsys GUI) and the fix to try. Use it when you act on a finding. Markdown and HTML "
+            "always hold all of it; JSON is always complete.",
+        ),
+    ] = False,
 ) -> None:
-    """Analyse nsys exports: per-rank GPU time, NCCL, NVTX, limits of the capture, and findings.
+    """Analyse nsys exports: where each rank's step time went, what to fix first, NCCL, NVTX, capture limits.
 
     Example: nsysan report fixtures/samples/allreduce-2rank.sqlite --format markdown -o report.md
     """
     from nsysan.detect import parse_settings
-    from nsysan.diff import DEFAULT_STEP_PATTERN, capture_notes, read_manifest
+    from nsysan.diff import capture_notes, read_manifest
     from nsysan.engine import analyse_files, open_engine
     from nsysan.findings import Severity
     from nsysan.ingest import expand_inputs
     from nsysan.report.renderers import RENDERERS, render_terminal
+    from nsysan.steps import DEFAULT_STEP_PATTERN, check_pattern
 
     fmt = output_format_for(output_format.value if output_format else None, output)
+    pattern = DEFAULT_STEP_PATTERN if step_pattern is None else step_pattern
+    check_pattern(pattern)
     overrides = parse_settings(settings or [])
     _configure_cache(cache_dir, no_cache)
     manifests = [m for m in map(read_manifest, traces) if m is not None]  # run directories of `nsysan capture`
@@ -162,7 +195,7 @@ def report(
         raise InputError(f"{output}: is one of the input traces; choose another --output file")
     with open_engine(workers, scheduler, paths) as engine:
         # json carries the profile `nsysan diff` needs from a saved baseline
-        doc = analyse_files(traces, overrides, engine, DEFAULT_STEP_PATTERN if fmt == "json" else None)
+        doc = analyse_files(traces, overrides, engine, pattern if fmt == "json" else None, step_pattern=pattern)
     if manifests:
         doc["capture"] = manifests[0] if len(manifests) == 1 else manifests
         ranks = len({r for t in doc["traces"] for r in t["ranks"]})
@@ -172,7 +205,8 @@ def report(
             typer.echo(f"nsysan: warning: {note}", err=True)
     if fmt == "terminal":
         interactive = output is None and sys.stdout.isatty()
-        text = render_terminal(doc, width=None if interactive else 160, color=interactive)
+        text = render_terminal(doc, width=None if interactive else 160, color=interactive, verbose=verbose,
+                               show_all=show_all)  # fmt: skip
     else:
         text = RENDERERS[fmt](doc)
     if output is None:
@@ -250,7 +284,12 @@ def diff(
         ),
     ] = None,
     metric: Annotated[
-        str, typer.Option("--metric", help="What --fail-on-regression gates: step, busy, nccl or kernel:NAME.")
+        str,
+        typer.Option(
+            "--metric",
+            help="What --fail-on-regression gates: step, busy, nccl, a step breakdown category (compute, "
+            "communication_exposed, waiting_for_peer, copy_exposed, idle: its time per step) or kernel:NAME.",
+        ),
     ] = "step",
     fail_on: Annotated[
         DiffFailOn | None,
@@ -286,7 +325,7 @@ def diff(
     from nsysan.diff.render import RENDERERS, render_terminal
 
     if metric not in METRICS and not (metric.startswith("kernel:") and len(metric) > 7):
-        raise InputError(f"--metric {metric!r}: one of step, busy, nccl, kernel:NAME")
+        raise InputError(f"--metric {metric!r}: one of {', '.join(METRICS)}, kernel:NAME")
     fmt = output_format_for(output_format.value if output_format else None, output)
     threshold = parse_threshold(fail_on_regression) if fail_on_regression is not None else None
     overrides = parse_settings(settings or [])

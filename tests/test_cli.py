@@ -55,18 +55,33 @@ def test_json_follows_the_findings_contract():
     assert result.exit_code == 0
     doc = json.loads(result.output)
     assert set(doc) == {
+        "report_version",
         "nsysan_version",
         "traces",
         "findings",
         "groups",
         "summary",
+        "steps",
         "profile",
     }  # profile: for `nsysan diff`
+    assert doc["report_version"] == 2
     assert doc["nsysan_version"] == __version__
     assert doc["traces"] == [{"path": SAMPLE, "schema_version": "3.28.1", "ranks": [0, 1], "devices": [0, 1]}]
-    assert doc["findings"] == [] and doc["groups"] == []
+    assert all(isinstance(f["recoverable_ns"], int) and f["recoverable_ns"] >= 0 for f in doc["findings"])
+    assert [g["recoverable_ns"] for g in doc["groups"]] == [
+        sum(doc["findings"][i]["recoverable_ns"] for i in g["findings"]) for g in doc["groups"]
+    ]
+    steps = doc["steps"]
+    assert set(steps) == {"version", "source", "detail", "clock", "job", "ranks", "unjudged"}
+    assert steps["version"] == 1 and steps["source"] == "nvtx" and sorted(steps["ranks"]) == ["0", "1"]
+    for r in steps["ranks"].values():
+        lengths = [e - s for s, e in zip(r["start_ns"], r["end_ns"], strict=True)]
+        sums = [sum(c) for c in zip(*r["breakdown_ns"].values(), strict=True)]
+        assert sums == lengths  # the five categories tile each step
     s = doc["summary"]
-    assert s["findings_by_severity"] == {"info": 0, "warning": 0, "critical": 0}
+    assert s["findings_by_severity"] == {
+        k: sum(f["severity"] == k for f in doc["findings"]) for k in ("info", "warning", "critical")
+    }
     assert s["exports"][0]["kernels"] == 108 and s["exports"][0]["nccl_kernels"] == 12
     assert s["nccl"] == [{"kind": "collective", "op": "AllReduce", "bytes": 64 * 2**20, "count": 12,
                           "total_ns": s["nccl"][0]["total_ns"], "mean_ns": s["nccl"][0]["mean_ns"]}]  # fmt: skip
@@ -116,7 +131,7 @@ def test_fail_on_gates_on_severity(monkeypatch, severity, fail_on, code):
     doc = json.loads(result.output)
     assert doc["findings"][0] == {
         "kind": "command_buffer_full", "group": "", "severity": severity.value, "rank": 0, "device": 0, "pid": 4100,
-        "start_ns": 1, "end_ns": 2, "impact_ns": 1, "title": "launch queue full",
+        "start_ns": 1, "end_ns": 2, "impact_ns": 1, "recoverable_ns": 0, "title": "launch queue full",
         "evidence": {"kernels": ["ampere_sgemm_128x64_tn"]}, "advice": "use CUDA graphs",
     }  # fmt: skip
 
@@ -175,7 +190,8 @@ def test_share_of_run_is_a_number_shown_as_a_sentence():
     doc = json.loads(invoke("report", stall, "--format", "json").output)
     share = doc["findings"][0]["evidence"]["share_of_run"]
     assert isinstance(share, float) and 0 < share < 100 and round(share, 1) == share
-    assert f"evidence.share_of_run: {share:.1f}% of the run" in invoke("report", stall).output
+    assert f"evidence.share_of_run: {share:.1f}% of the run" in invoke("report", stall, "-v").output
+    assert "evidence.share_of_run" not in invoke("report", stall).output  # evidence only with -v
     assert f"**evidence.share_of_run**: {share:.1f}% of the run" in invoke("report", stall, "-f", "markdown").output
 
 

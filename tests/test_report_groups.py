@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import html
+from functools import partial
 
 from nsysan.detect.common import SeverityParams, grade
 from nsysan.findings import Finding, Severity
 from nsysan.report.document import fold_groups
-from nsysan.report.renderers import RENDERERS
+from nsysan.report.renderers import RENDERERS, render_terminal
 
 MS = 1_000_000
 
@@ -45,9 +46,13 @@ def test_every_format_shows_one_headline_per_group():
            "summary": {"findings_by_severity": {"info": 0, "warning": 0, "critical": 12}, "exports": [], "ranks": [],
                        "devices": [], "top_kernels": [], "nccl": [], "copies": [], "nvtx_ranges": [],
                        "limitations": []}}  # fmt: skip
-    for name in ("terminal", "markdown", "html"):
-        text = " ".join(html.unescape(RENDERERS[name](doc)).split())
+    verbose = partial(render_terminal, verbose=True)  # the terminal shows occurrences with -v only
+    for name, render in (("terminal", verbose), ("markdown", RENDERERS["markdown"]), ("html", RENDERERS["html"])):
+        text = " ".join(html.unescape(render(doc)).split())
         assert text.count("12 occurrences, 78 ms lost in total; worst: slowed 12 ms at 110") == 1, name
         assert "slowed 1 ms at 0" not in text, name  # not a headline of its own
         assert "... and 1 more" in text, name  # 11 others, 10 listed
         assert "12 findings (12 critical) in 1 group" in text, name
+    brief = " ".join(RENDERERS["terminal"](doc).split())
+    assert brief.count("12 occurrences, 78 ms lost in total; worst: slowed 12 ms at 110") == 1
+    assert "... and 1 more" not in brief and "other occurrences" not in brief

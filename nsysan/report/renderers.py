@@ -14,7 +14,17 @@ from rich.console import Console
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from nsysan.report.sections import Table, finding_lines, group_headline, groups, other_occurrences, tables
+from nsysan.report.sections import (
+    GroupLine,
+    Table,
+    briefed,
+    group_lines,
+    groups,
+    not_judged,
+    step_section,
+    tables,
+    tally,
+)
 from nsysan.report.templating import render
 
 
@@ -25,18 +35,6 @@ def _headline(doc: dict[str, Any]) -> str:
     text = f"{n} finding{'s' if n != 1 else ''}" + (f" ({parts})" if parts else "")
     g = len(groups(doc))
     return text + (f" in {g} group{'s' if g != 1 else ''}" if g != n else "")
-
-
-def _grouped(doc: dict[str, Any]) -> list[tuple[str, str, list[tuple[str, str]]]]:
-    """(severity, headline, lines) per group: the worst occurrence's lines plus the others, briefly."""
-    out = []
-    for g in groups(doc):
-        lines = finding_lines(doc["findings"][g["worst"]])
-        others = other_occurrences(doc, g)
-        if others:
-            lines.insert(len(lines) - 1, ("other occurrences", "; ".join(others)))
-        out.append((g["severity"], group_headline(doc, g), lines))
-    return out
 
 
 def print_table(console: Console, t: Table) -> None:
@@ -90,11 +88,14 @@ def _json_text(value: Any) -> str:
 
 
 def _template_context(doc: dict[str, Any]) -> dict[str, Any]:
-    """What the Markdown and HTML templates show: the same figures as the terminal report."""
+    """What the Markdown and HTML templates show: the same figures as the terminal report, with
+    every finding group and its evidence (collapsed), since these are documents to share."""
     return {
         "version": doc["nsysan_version"],
         "headline": _headline(doc),
-        "groups": [{"severity": s, "headline": h, "lines": lines} for s, h, lines in _grouped(doc)],
+        "steps": step_section(doc),
+        "groups": group_lines(doc),
+        "not_judged": not_judged(doc),
         "tables": tables(doc),
         "limitations": doc["summary"]["limitations"],
     }
@@ -108,8 +109,29 @@ def render_html(doc: dict[str, Any]) -> str:
     return render("report.html", **_template_context(doc))
 
 
-def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = False) -> str:
-    """Rich tables as text. ``width=None`` takes the terminal's; ``color`` adds ANSI styles.
+_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def _print_group(console: Console, g: GroupLine, verbose: bool) -> None:
+    """The group's line, wrapped under its text (not under its severity tag); with ``verbose`` its evidence."""
+    line = RichTable.grid(padding=(0, 1, 0, 0))
+    line.add_column(width=len("[critical]"), no_wrap=True)
+    line.add_column(ratio=1)
+    line.add_row(Text(f"[{g.severity}]", style=_STYLES.get(g.severity, "")),
+                 Text(g.text, style="bold" if verbose else ""))  # fmt: skip
+    console.print(line)
+    if verbose:
+        for label, text in g.evidence:
+            console.print(Text(f"  {label}: {text}"))
+
+
+def render_terminal(
+    doc: dict[str, Any], width: int | None = 160, color: bool = False, *, verbose: bool = False, show_all: bool = False
+) -> str:
+    """The terminal report: where the step went, what to fix first (warning and critical groups,
+    one line each, ranked by recoverable time), what was not judged, then the tables. ``verbose``
+    adds each listed group's evidence and fix; ``show_all`` lists info groups too (otherwise
+    counted in one line). ``width=None`` takes the terminal's; ``color`` adds ANSI styles.
 
     Every string from the trace goes in as a ``Text`` (never parsed as Rich markup), so a range
     called ``[rank0] fwd`` prints as written.
@@ -119,15 +141,30 @@ def render_terminal(doc: dict[str, Any], width: int | None = 160, color: bool = 
     buf = io.StringIO()
     console = Console(file=buf, width=width, force_terminal=color, no_color=not color, highlight=False)
     console.rule(Text(f"nsysan report · {_headline(doc)}"))
-    styles = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
-    if doc["findings"]:
-        console.print(Text("Findings", style="bold"))
-    for severity, headline, lines in _grouped(doc):
-        line = Text(f"[{severity}] ", style=styles[severity])
-        line.append(headline, style="bold")
-        console.print(line)
-        for label, text in lines:
-            console.print(Text(f"  {label}: {text}"))
+    section = step_section(doc)
+    print_table(console, section.table)
+    for note in section.notes:
+        console.print(Text(f"  {note}"))
+    lines = group_lines(doc)
+    shown = [g for g in lines if show_all or briefed(g)]
+    hidden = [g for g in lines if not (show_all or briefed(g))]
+    if not lines:
+        console.print(Text("What to fix first: no findings", style="bold"))
+    elif not shown:
+        console.print(Text("What to fix first: nothing at warning or critical", style="bold"))
+    else:
+        console.print(Text("What to fix first", style="bold"))
+    for g in shown:
+        _print_group(console, g, verbose)
+    if hidden:
+        console.print(Text(f"+ {tally(hidden)}: --all shows them"))
+    if shown and not verbose:
+        console.print(Text("  -v shows each group's evidence and the fix to try", style="dim"))
+    judged = not_judged(doc)
+    if judged:
+        console.print(Text("Not judged", style="bold"))
+        for line in judged:
+            console.print(Text(f"  - {line}"))
     for t in tables(doc):
         print_table(console, t)
     notes = doc["summary"]["limitations"]
