@@ -1,7 +1,8 @@
 """Two stored traces compared through ``nsysan diff``'s own comparison, for the compare page.
 
 The findings come from the store (with their review ids), the figures from the exports' diff
-profiles (:func:`nsysan.diff.profile_files`, cached per set of files).
+profiles (:func:`nsysan.diff.profile_files`, cached per set of files), where step time went from
+the steps section stored with each trace's analysis (:func:`dashboards.analysis.stored_steps`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dashboards.analysis import stored_steps
 from nsysan.diff import diff_documents, profile_files
 from nsysan.store import ReviewStore
 
@@ -29,7 +31,8 @@ class Comparison:
 def compare_traces(store: ReviewStore, before: int, after: int) -> Comparison:
     """Two captures of one job (before/after a fix): the stored findings matched by group and
     evidence, and the figures of both traces."""
-    sides = [{"findings": store.findings(t), "profile": profile_files(store.trace_paths(t))} for t in (before, after)]
+    sides = [{"findings": store.findings(t), "profile": profile_files(store.trace_paths(t)), "steps": stored_steps(store, t)}
+             for t in (before, after)]  # fmt: skip
     labels = (store.trace(before)["name"], store.trace(after)["name"])
     doc = diff_documents(sides[0], sides[1], labels=labels)
     f = doc["findings"]

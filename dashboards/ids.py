@@ -21,6 +21,8 @@ TRACE_POLL = "trace-poll"
 NOTE_TEXT = "note-text"
 NOTE_ADD = "note-add"
 NOTES = "notes"
+STEP_BREAKDOWN = "step-breakdown"  # stacked bars: where each rank's step time went (the document's steps section)
+STEP_BREAKDOWN_NOTE = "step-breakdown-note"  # the line said instead when the document has no steps section
 
 # findings
 FINDINGS_TABLE = "findings-table"

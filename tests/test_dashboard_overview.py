@@ -89,7 +89,7 @@ def test_markers_cluster_per_group_and_rank_row_with_counts_inside_the_plot():
 
 def test_an_ordering_stall_is_drawn_on_the_waiting_and_the_late_rank(server):
     trace_id = _analysed(server, "pipeline-stall")
-    (finding,) = server.store.findings(trace_id)
+    (finding,) = [f for f in server.store.findings(trace_id) if f["kind"] == "nccl_ordering_stall"]
     data = server.timelines.peek(trace_id)
     assert data is not None
     fig = data.figure(data.window_for(finding), [finding], highlight=finding)

@@ -16,6 +16,7 @@ import pytest
 
 from fixtures.samples import sample_paths
 from nsysan.diff import confidence_greater, diff_documents, gate, load_side
+from nsysan.diff.render import change
 from nsysan.store import ReviewStore
 
 STALL, FIXED = (str(sample_paths(name)[0]) for name in ("pipeline-stall", "pipeline-stall-fixed"))
@@ -257,10 +258,13 @@ def test_a_capture_against_itself_changes_nothing():
     assert all(r["busy_ns"]["delta"] == 0 for r in doc["ranks"])
 
 
-@pytest.mark.parametrize(("fmt", "marker"), [("markdown", "## Kernel improvements (by total time)"),
-                                             ("html", "<h2>Findings: 1 fixed, 0 new, 0 unchanged (by group)</h2>"),
-                                             ("terminal", "step 8.81 ms → 3.96 ms (-55.0%)")])  # fmt: skip
-def test_formats(fmt, marker, monkeypatch, capsys):
+@pytest.mark.parametrize("fmt", ["markdown", "html", "terminal"])
+def test_formats(fmt, samples, monkeypatch, capsys):
+    _, doc = samples
+    f = doc["findings"]
+    marker = {"markdown": "## Kernel improvements (by total time)",
+              "html": f"<h2>Findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} unchanged (by group)",
+              "terminal": f"step {change(doc['steps']['slowest'])}"}[fmt]  # fmt: skip
     code, out, _ = cli(monkeypatch, capsys, "diff", STALL, FIXED, "--format", fmt)
     assert code == 0 and marker in out
 
@@ -317,10 +321,11 @@ def test_dashboard_compare_uses_the_same_function(tmp_path, samples):
         analyse_stored_trace(store, ids[-1])
     c = compare_traces(store, *ids)
     assert c.diff["steps"] == doc["steps"] and c.diff["kernels"] == doc["kernels"] and c.diff["ranks"] == doc["ranks"]
+    assert c.diff["breakdown"] == doc["breakdown"] and c.diff["breakdown"]["available"]  # from the stored steps
     assert [f["group"] for f in c.fixed] == [g["group"] for g in doc["findings"]["fixed"]] and c.new == []
     text = str(page._result(type("S", (), {"store": store})(), *ids))
     assert (
-        "8.81 ms → 3.96 ms (-55.0%)" in text
+        change(doc["steps"]["slowest"]) in text
         and "waited 4996 us" in text
         and "Kernel improvements (by total time)" in text
     )

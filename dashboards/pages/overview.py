@@ -1,8 +1,10 @@
 """One trace: what it is and what is wrong with it, then its timeline, then the team's notes.
 
 * **Summary** (from the stored report document, so its figures are ``nsysan report``'s): per GPU
-  busy %, kernel time, NCCL share and copies; the job's step time; top kernels; NCCL time by
-  operation and size; copies; what the capture cannot show, with the nsys option that would show it.
+  busy %, kernel time, NCCL share and copies; the job's step time; where each rank's step time went
+  (stacked bars from the document's steps section, :mod:`dashboards.breakdown`; a click zooms the
+  timeline to that step); top kernels; NCCL time by operation and size; copies; what the capture
+  cannot show, with the nsys option that would show it.
 * **Findings by group**, worst first, each with its total impact and a link that selects it here.
 * **Timeline** with a legend; finding markers clustered per group and rank row ("×N"); every row
   kept at any zoom. The view is in the URL (``?t0=..&t1=..&finding=..``, ms since the first
@@ -23,7 +25,8 @@ from urllib.parse import parse_qs, urlencode
 import dash
 from dash import ALL, Input, Output, State, dcc, html
 
-from dashboards import ids
+from dashboards import breakdown, ids
+from dashboards.analysis import STEPS_KEY, stored_steps
 from dashboards.pages.common import captured, missing, severity_badge, thread
 from dashboards.server import Server
 from dashboards.timeline import LANE_COLOURS, LANES, SEVERITY_COLOURS, TimelineData, evidence_items
@@ -181,6 +184,17 @@ def register(app: dash.Dash, server: Server) -> None:
         at = items[index]["ms"]
         half = max((finding["end_ns"] - finding["start_ns"]) / 1e6, 0.5)
         return _view_outputs(server, data, trace_id, {"finding": finding["id"], "t0": at - half, "t1": at + half})
+
+    @app.callback(Output(ids.TIMELINE, "figure", allow_duplicate=True), Output(VIEW, "data", allow_duplicate=True),
+                  Output(EVIDENCE, "children", allow_duplicate=True), Input(ids.STEP_BREAKDOWN, "clickData"),
+                  State(ids.TRACE_ID, "data"), State(VIEW, "data"), prevent_initial_call=True)  # fmt: skip
+    def _zoom_to_step(click: dict[str, Any] | None, trace_id: int, view: dict[str, Any] | None) -> Any:
+        """A bar of the step breakdown clicked: the timeline zooms to that rank's step."""
+        data = server.timelines.peek(trace_id)
+        shown = step_view(data, stored_steps(server.store, trace_id), click, view) if data is not None else None
+        if data is None or shown is None:
+            return dash.no_update, dash.no_update, dash.no_update
+        return _view_outputs(server, data, trace_id, shown)
 
     # the view into the address bar without a reload or a new history entry (a shared link reopens it)
     app.clientside_callback(
@@ -386,7 +400,7 @@ def _summary(server: Server, t: dict[str, Any]) -> Any:
     data = server.timelines.peek(t["id"])
     findings = server.store.findings(t["id"])
     parts: list[Any] = [html.H2("What this trace is"), *_blind_spots(summary)]
-    parts += [_device_table(summary, data)]
+    parts += [_device_table(summary, data), _step_breakdown(summary.get(STEPS_KEY))]
     for table in tables({"summary": summary}):
         if table.title in _SHOWN_TABLES:
             parts.append(html.Details([html.Summary(table.title), _table(table)], open=table.title != "Memory copies",
@@ -444,6 +458,33 @@ def _device_table(summary: dict[str, Any], data: TimelineData | None) -> Any:
         html.P("Busy % is kernels and copies over the GPU's span, as in nsysan report; NCCL share is NCCL kernel "
                "time over all kernel time on that GPU." + nccl_note, className="hint"),
     ])  # fmt: skip
+
+
+def _step_breakdown(steps: dict[str, Any] | None) -> html.Div:
+    """Where each rank's step time went (the document's steps section), or one line saying why not."""
+    why = breakdown.unavailable(steps)
+    if why is not None or steps is None:
+        return html.Div([html.H3("Where step time went"), html.P(why, id=ids.STEP_BREAKDOWN_NOTE, className="hint")])
+    return html.Div([
+        html.H3("Where step time went"),
+        dcc.Graph(id=ids.STEP_BREAKDOWN, figure=breakdown.figure(steps), config={"displaylogo": False}),
+        html.P(breakdown.caption(steps), className="hint"),
+    ])  # fmt: skip
+
+
+def step_view(data: TimelineData, steps: dict[str, Any] | None, click: dict[str, Any] | None,
+              view: dict[str, Any] | None) -> dict[str, Any] | None:  # fmt: skip
+    """The view that shows the step whose bar was clicked: its window (from the stored steps
+    section) on the timeline's clock, ms since the first activity, the selected finding kept; None
+    when the click names no step there is."""
+    clicked = breakdown.clicked_step(click)
+    window = breakdown.step_window(steps, *clicked) if clicked is not None else None
+    if clicked is None or window is None:
+        return None
+    rank, (start, end) = clicked[0], window
+    t0, t1 = (data.ms_since_origin(data.to_job_clock({"rank": rank}, ns)) for ns in (start, end))
+    pad = (t1 - t0) * 0.05
+    return {**(view or {}), "t0": t0 - pad, "t1": t1 + pad}
 
 
 def _data(**values: Any) -> Any:

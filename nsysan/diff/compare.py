@@ -1,8 +1,11 @@
-"""Two captures of one job compared: step time, GPU time, NCCL, copies, kernels and findings, each
-before, after, delta and percentage; whether the two are comparable at all; the CI gate.
+"""Two captures of one job compared: step time, where it went (the report's per-step breakdown),
+GPU time, NCCL, copies, kernels and findings, each before, after, delta and percentage; whether the
+two are comparable at all; the CI gate.
 
 Works on two report documents that carry a ``profile`` (see :mod:`nsysan.diff.profile`), so a
-saved ``nsysan report --format json`` and a fresh trace compare the same way.
+saved ``nsysan report --format json`` and a fresh trace compare the same way. The breakdown comes
+from the documents' ``steps`` sections; a document written before they existed has none, and the
+breakdown is then marked unavailable (everything else still compares).
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ from nsysan.errors import InputError
 from nsysan.findings import Severity
 from nsysan.report.document import fold_groups
 
-DIFF_VERSION = 1
+DIFF_VERSION = 2  # 2: "breakdown"; finding groups' "recoverable_ns"
 MIN_KERNEL_OVERLAP = 0.5  # share of each side's kernel time in signatures the other side also ran
 CONFIDENCE = 0.95  # the gate fails only on a change at least this likely to be real
 TOP_KERNELS = 10
-METRICS = ("step", "busy", "nccl")
+CATEGORIES = ("compute", "communication_exposed", "waiting_for_peer", "copy_exposed", "idle")
+"""Where a rank's step time went (the report's ``steps.ranks[r].breakdown_ns``), in the order every
+format (and the dashboard) shows them; per step they sum to the step's duration."""
+METRICS = ("step", "busy", "nccl", *CATEGORIES)
+RANK_DIFFERS = 0.01  # a rank's breakdown row is shown when its change differs from the job's by this share of a step
 # parts of a group key that name run-specific ids (a new process, a renumbered stream or graph)
 _VOLATILE = re.compile(r"^(pid|stream|graph|correlation) ")
 
@@ -117,6 +124,100 @@ def _direction(worse: float | None, delta: float | None) -> float | None:
     return worse if delta > 0 else round(1 - worse, 4)
 
 
+def _breakdown_series(doc: dict[str, Any]) -> tuple[dict[int, dict[str, list[float]]], str | None]:
+    """Per rank, per category, the per-step series (ns) of a report document's ``steps`` section;
+    or no ranks and why there are none."""
+    steps = doc.get("steps")
+    if not isinstance(steps, dict):
+        return {}, ("no steps section, so no step breakdown: the report was written by an nsysan without one "
+                    "(write it again with `nsysan report --format json`)")  # fmt: skip
+    out: dict[int, dict[str, list[float]]] = {}
+    for rank, r in (steps.get("ranks") or {}).items():
+        parts = r.get("breakdown_ns") or {}
+        missing = [c for c in CATEGORIES if not isinstance(parts.get(c), list)]
+        if missing:
+            return {}, f"rank {rank}'s step breakdown has no {', '.join(missing)}"
+        if len({len(parts[c]) for c in CATEGORIES}) > 1:
+            return {}, f"rank {rank}'s step breakdown has series of different lengths"
+        if len(parts[CATEGORIES[0]]):
+            out[int(rank)] = {c: [float(x) for x in parts[c]] for c in CATEGORIES}
+    if not out:
+        return {}, "no steps found" + (f": {steps['detail']}" if steps.get("detail") else "")
+    return out, None
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
+def _judged(before: list[float], after: list[float], change: dict[str, Any]) -> dict[str, Any]:
+    """A change with the confidence that it is more than step-to-step noise, judged as step time is
+    (:func:`confidence_greater` on the per-step samples; None with fewer than two a side)."""
+    worse = confidence_greater(before, after)
+    return {**change, "confidence": _direction(worse, change["delta"]), "confidence_worse": worse}
+
+
+def _breakdown(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
+    """Where step time went, before and after: per category the mean time per step over ranks
+    (each rank's mean per step, averaged over ranks) and per rank, with the confidence that each
+    change is more than step-to-step noise, judged as step time is: over all ranks' per-step
+    samples for the job's figure, over the rank's own for a rank's. ``differs`` marks a rank whose
+    change is not the job's (by more than RANK_DIFFERS of a step), the rows worth showing."""
+    (sb, why_b), (sa, why_a) = _breakdown_series(b), _breakdown_series(a)
+    source = {"before": (b.get("steps") or {}).get("source"), "after": (a.get("steps") or {}).get("source")}
+    out: dict[str, Any] = {"available": not (why_b or why_a), "why": {"before": why_b, "after": why_a},
+                           "source": source, "categories": list(CATEGORIES), "step_ns": _delta(None, None),
+                           "job": {}, "per_rank": []}  # fmt: skip
+    if not out["available"]:
+        return out
+
+    def job_mean(series: dict[int, dict[str, list[float]]], c: str | None) -> float:
+        """Each rank's mean per step, averaged over ranks (every rank weighs the same); c=None: the
+        step itself, the categories' sum."""
+        return float(np.mean([_step_mean(v) if c is None else np.mean(v[c]) for v in series.values()]))
+
+    def pool(series: dict[int, dict[str, list[float]]], c: str) -> list[float]:
+        return [x for v in series.values() for x in v[c]]
+
+    def repeated(series: dict[int, dict[str, list[float]]]) -> bool:
+        return any(len(v[CATEGORIES[0]]) > 1 for v in series.values())
+
+    judge = repeated(sb) and repeated(sa)
+    step = _delta(job_mean(sb, None), job_mean(sa, None))
+    out["step_ns"] = step
+    for c in CATEGORIES:
+        change = _delta(job_mean(sb, c), job_mean(sa, c))
+        row = _judged(pool(sb, c), pool(sa, c), change) if judge else {**change, "confidence": None,
+                                                                         "confidence_worse": None}  # fmt: skip
+        row["share_before"] = _share(change["before"], step["before"])
+        row["share_after"] = _share(change["after"], step["after"])
+        out["job"][c] = row
+    tolerance = RANK_DIFFERS * max(step["before"] or 0, step["after"] or 0)
+    for rank in sorted(set(sb) | set(sa)):
+        vb, va = sb.get(rank), sa.get(rank)
+        counts = {"before": len(vb[CATEGORIES[0]]) if vb else 0, "after": len(va[CATEGORIES[0]]) if va else 0}
+        cats: dict[str, dict[str, Any]] = {}
+        for c in CATEGORIES:
+            change = _delta(_mean(vb[c]) if vb else None, _mean(va[c]) if va else None)
+            cats[c] = _judged(vb[c] if vb else [], va[c] if va else [], change)
+        total = _delta(_step_mean(vb) if vb else None, _step_mean(va) if va else None)
+        for c, row in cats.items():
+            row["share_before"] = _share(row["before"], total["before"])
+            row["share_after"] = _share(row["after"], total["after"])
+            row["differs"] = row["delta"] is None or abs(row["delta"] - out["job"][c]["delta"]) > tolerance
+        out["per_rank"].append({"rank": rank, "steps": counts, "step_ns": total, "categories": cats})
+    return out
+
+
+def _step_mean(series: dict[str, list[float]]) -> float:
+    """A rank's mean step time: the mean over its steps of the categories' sum."""
+    return float(np.mean(np.sum([series[c] for c in CATEGORIES], axis=0)))
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else round(100.0 * part / whole, 3)
+
+
 def _table(before: list[dict[str, Any]], after: list[dict[str, Any]], keys: list[str],
            values: list[str]) -> list[dict[str, Any]]:  # fmt: skip
     """Rows of both sides joined on ``keys``; each value as before/after/delta/pct; biggest change first."""
@@ -190,9 +291,22 @@ def _finding_groups(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for g in groups:
         worst = findings[g["worst"]]
         out.append({"group": g["group"], "kind": g["kind"], "severity": g["severity"], "count": g["count"],
-                    "impact_ns": int(g["impact_ns"]), "title": worst["title"], "rank": worst.get("rank"),
-                    "device": worst.get("device"), "identity": _identity(worst), "worst": worst})  # fmt: skip
+                    "impact_ns": int(g["impact_ns"]), "recoverable_ns": _recoverable(findings, g),
+                    "title": worst["title"], "rank": worst.get("rank"), "device": worst.get("device"),
+                    "identity": _identity(worst), "worst": worst})  # fmt: skip
     return out
+
+
+def _recoverable(findings: list[dict[str, Any]], group: dict[str, Any]) -> int | None:
+    """The wall time fixing a group would save: its findings' ``recoverable_ns`` summed; None when
+    one of them has none (a report, or a store, from before findings carried it)."""
+    values = [findings[i].get("recoverable_ns") for i in group.get("findings") or [group["worst"]]]
+    return None if any(v is None for v in values) else int(sum(values))
+
+
+def _total(groups: list[dict[str, Any]], key: str) -> int | None:
+    values = [g[key] for g in groups]
+    return None if any(v is None for v in values) else int(sum(values))
 
 
 def _findings(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
@@ -221,12 +335,15 @@ def _findings(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in g.items() if k != "identity"}
 
     unchanged = [{**brief(ga[j]), "matched_by": how, "before": brief(gb[i]), "impact": _delta(gb[i]["impact_ns"], ga[j]["impact_ns"]),
+                  "recoverable": _delta(gb[i]["recoverable_ns"], ga[j]["recoverable_ns"]),
                   "severity_before": gb[i]["severity"]} for i, j, how in pairs]  # fmt: skip
     return {
         "fixed": [brief(g) for i, g in enumerate(gb) if i not in matched_b],
         "new": [brief(ga[j]) for j in unmatched_a],
         "unchanged": sorted(unchanged, key=lambda u: -abs(u["impact"]["delta"] or 0)),
         "impact_total": _delta(sum(g["impact_ns"] for g in gb), sum(g["impact_ns"] for g in ga)),
+        # what fixing every group would save, where each side's findings say (None: a side from before)
+        "recoverable_total": _delta(_total(gb, "recoverable_ns"), _total(ga, "recoverable_ns")),
     }
 
 
@@ -327,6 +444,7 @@ def diff_documents(before: dict[str, Any], after: dict[str, Any], *, labels: tup
         "after": {"label": labels[1], "ranks": pa["ranks"], "devices": pa["devices"], "capture": pa["capture"]},
         "comparable": {"ok": not reasons, "reasons": reasons, "notes": notes},
         "steps": _steps(pb, pa),
+        "breakdown": _breakdown(before, after),
         "ranks": _ranks(pb, pa),
         "nccl": _table(pb["nccl"], pa["nccl"], ["kind", "op", "bytes"], ["count", "total_ns"]),
         "copies": _table(pb["copies"], pa["copies"], ["copy_kind"], ["count", "bytes", "total_ns"]),
@@ -383,6 +501,18 @@ def metric_change(diff: dict[str, Any], before: dict[str, Any], after: dict[str,
         worse = confidence_greater(_samples(pb, "nccl_ns"), _samples(pa, "nccl_ns")) if per_step else None
         return {"metric": "nccl" + (" per step" if per_step else " total"), "unit": "ns", "before": vb, "after": va,
                 "worse_pct": _pct(vb, va), "confidence_worse": worse}  # fmt: skip
+    if metric in CATEGORIES:
+        bd = diff["breakdown"]
+        if not bd["available"]:
+            why = "; ".join(f"{side}: {w}" for side, w in bd["why"].items() if w)
+            raise InputError(
+                f"--metric {metric}: no step breakdown to compare ({why}); gate on --metric step|busy|nccl"
+            )
+        j = bd["job"][metric]
+        return {"metric": f"{metric} per step", "unit": "ns", "before": j["before"], "after": j["after"],
+                "worse_pct": j["pct"], "confidence_worse": j["confidence_worse"],
+                # none before: no percentage to take, so what it adds is weighed against the step before
+                "from_zero_pct": _share(j["after"], bd["step_ns"]["before"]) if not j["before"] and j["after"] else None}  # fmt: skip
     if metric.startswith("kernel:") and metric[7:]:
         name = metric[7:]
 
@@ -402,7 +532,7 @@ def metric_change(diff: dict[str, Any], before: dict[str, Any], after: dict[str,
             vb, va = vb / nb, va / na
         return {"metric": metric + (" per step" if nb and na else " total"), "unit": "ns", "before": vb, "after": va,
                 "worse_pct": _pct(vb, va), "confidence_worse": None}  # fmt: skip
-    raise InputError(f"--metric {metric!r}: one of step, busy, nccl, kernel:NAME")
+    raise InputError(f"--metric {metric!r}: one of {', '.join(METRICS)}, kernel:NAME")
 
 
 def _percent(c: float) -> str:
@@ -427,13 +557,16 @@ def gate(diff: dict[str, Any], before: dict[str, Any], after: dict[str, Any], *,
         beyond_noise = m["confidence_worse"] is None or m["confidence_worse"] >= CONFIDENCE
         m["noise_judged"] = m["confidence_worse"] is not None
         out["regression"] = m
+        conf = (
+            f", confidence {_percent(m['confidence_worse'])}"
+            if m["noise_judged"]
+            else ", no per-step samples to judge noise"
+        )
         if m["worse_pct"] is not None and m["worse_pct"] > threshold and beyond_noise:
-            conf = (
-                f", confidence {_percent(m['confidence_worse'])}"
-                if m["noise_judged"]
-                else ", no per-step samples to judge noise"
-            )
             out["reasons"].append(f"{m['metric']} worse by {m['worse_pct']:.1f}% (threshold {threshold:g}%{conf})")
+        elif m.get("from_zero_pct") is not None and m["from_zero_pct"] > threshold and beyond_noise:
+            out["reasons"].append(f"{m['metric']} appeared (none before), adding {m['from_zero_pct']:.1f}% to the step "
+                                  f"(threshold {threshold:g}%{conf})")  # fmt: skip
     if fail_on is not None:
         f = diff["findings"]
         if fail_on == "new-findings":

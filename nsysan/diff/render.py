@@ -58,8 +58,64 @@ def headline(doc: dict[str, Any]) -> str:
     s, f = doc["steps"]["slowest"], doc["findings"]
     known = s["before"] is not None and s["after"] is not None
     parts = [f"step {change(s)}, confidence {confidence(s['confidence'])}" if known else "step time unknown"]
+    moved = biggest_shift(doc)
+    if moved is not None:
+        c, d = moved
+        parts.append(f"{label(c)} {change(d)} per step")
     parts.append(f"findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} unchanged")
     return " · ".join(parts)
+
+
+def label(category: str) -> str:
+    """A breakdown category as people read it: ``waiting_for_peer`` -> ``waiting for peer``."""
+    return category.replace("_", " ")
+
+
+def biggest_shift(doc: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The breakdown category whose time per step changed most (None: no breakdown, or no change)."""
+    job = (doc.get("breakdown") or {}).get("job") or {}
+    moved = [(abs(d["delta"]), c) for c, d in job.items() if d["delta"]]
+    if not moved:
+        return None
+    c = max(moved)[1]
+    return c, job[c]
+
+
+MAX_RANK_ROWS = 8  # per category, the ranks whose change differs most from the job's; the JSON has every rank
+
+
+def _breakdown_table(doc: dict[str, Any]) -> Table:
+    """Where step time went: per category the mean per step over ranks, then the ranks whose change
+    is not the job's (most different first, at most MAX_RANK_ROWS), then the step they add up to."""
+    bd = doc.get("breakdown")
+    headers = ("category", "ranks", "before", "after", "Δ", "Δ %", "share of step", "confidence")
+    if not bd:
+        return Table("Where step time went", headers, [], empty="unavailable: a diff document without a breakdown")
+    if not bd["available"]:
+        why = "; ".join(f"{side}: {w}" for side, w in bd["why"].items() if w)
+        return Table("Where step time went", headers, [], empty=f"step breakdown unavailable: {why}")
+    source = bd["source"]
+    src = source["before"] if source["before"] == source["after"] else f"{source['before']} / {source['after']}"
+    title = f"Where step time went (mean per step over ranks; steps from {str(src).replace('_', ' ')})"
+
+    def share(d: dict[str, Any]) -> str:
+        b, a = d.get("share_before"), d.get("share_after")
+        return "-" if b is None and a is None else f"{_num(b, '%')} → {_num(a, '%')}"
+
+    rows: list[tuple[str, ...]] = []
+    for c in bd["categories"]:
+        d = bd["job"][c]
+        rows.append((label(c), "all", *_cells(d, "ns"), share(d), confidence(d["confidence"])))
+        job = d["delta"] or 0
+        ranks = [r for r in bd["per_rank"] if r["categories"][c]["differs"]]
+        ranks.sort(key=lambda r: -abs((r["categories"][c]["delta"] or 0) - job))
+        for r in ranks[:MAX_RANK_ROWS]:
+            rd = r["categories"][c]
+            rows.append(("", f"rank {r['rank']}", *_cells(rd, "ns"), share(rd), confidence(rd["confidence"])))
+        if len(ranks) > MAX_RANK_ROWS:
+            rows.append(("", f"{len(ranks) - MAX_RANK_ROWS} more ranks differ (every rank: --format json)", *[""] * 6))
+    rows.append(("step (their sum)", "all", *_cells(bd["step_ns"], "ns"), "", ""))
+    return Table(title, headers, rows)
 
 
 _RANK_FIGURES = (("busy", "busy_ns", "ns"), ("idle share", "idle_pct", "%"), ("kernel time", "kernel_ns", "ns"),
@@ -80,6 +136,7 @@ def sections(doc: dict[str, Any]) -> list[Table]:
                      + ([("slowest", f"rank {s['rank_before']} → {s['rank_after']}", *_cells(s, "ns"), "", "", "")]
                         if s["before"] is not None else []),
                      empty="no NVTX step ranges and no repeating kernel sequence in one or both captures"))  # fmt: skip
+    out.append(_breakdown_table(doc))
     out.append(Table("GPU time per rank", ("rank", "figure", "before", "after", "Δ", "Δ %"),
                      [(str(r["rank"]), label, *_cells(r[key], unit)) for r in doc["ranks"]
                       for label, key, unit in _RANK_FIGURES],
@@ -114,15 +171,27 @@ def sections(doc: dict[str, Any]) -> list[Table]:
                      empty="the same kernel signatures ran in both"))  # fmt: skip
     f = doc["findings"]
 
-    def frow(state: str, g: dict[str, Any], impact: str) -> tuple[str, ...]:
-        return state, g["severity"], g["kind"], g["title"], f"{g['count']}", impact
+    def frow(state: str, g: dict[str, Any], impact: str, recoverable: str) -> tuple[str, ...]:
+        return state, g["severity"], g["kind"], g["title"], f"{g['count']}", impact, recoverable
 
-    rows = [frow("fixed", g, fmt.duration(g["impact_ns"]) + " → 0") for g in f["fixed"]]
-    rows += [frow("new", g, "0 → " + fmt.duration(g["impact_ns"])) for g in f["new"]]
-    rows += [frow("unchanged", g, change(g["impact"]) + f" (by {g['matched_by']})") for g in f["unchanged"]]
-    out.append(Table(f"Findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} unchanged (by group)",
-                     ("", "severity", "kind", "worst occurrence", "occurrences", "impact"), rows,
-                     empty="no findings in either"))  # fmt: skip
+    def gone(ns: Any) -> str:
+        return "-" if ns is None else fmt.duration(ns) + " → 0"
+
+    def came(ns: Any) -> str:
+        return "-" if ns is None else "0 → " + fmt.duration(ns)
+
+    def moved(d: dict[str, Any] | None) -> str:
+        return change(d) if d and d["before"] is not None and d["after"] is not None else "-"
+
+    rows = [frow("fixed", g, gone(g["impact_ns"]), gone(g.get("recoverable_ns"))) for g in f["fixed"]]
+    rows += [frow("new", g, came(g["impact_ns"]), came(g.get("recoverable_ns"))) for g in f["new"]]
+    rows += [frow("unchanged", g, change(g["impact"]) + f" (by {g['matched_by']})", moved(g.get("recoverable")))
+             for g in f["unchanged"]]  # fmt: skip
+    total = f.get("recoverable_total")
+    recoverable = f" · recoverable in all {change(total)}" if moved(total) != "-" else ""
+    out.append(Table(f"Findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} unchanged (by group)"
+                     + recoverable, ("", "severity", "kind", "worst occurrence", "occurrences", "impact", "recoverable"),
+                     rows, empty="no findings in either"))  # fmt: skip
     c = doc["capture"]
     crow = [(item["name"], kind, str(item["before"]), str(item["after"]))
             for kind in ("command", "environment", "nsys_options") for item in c[kind]]  # fmt: skip
