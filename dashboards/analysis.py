@@ -24,10 +24,7 @@ from dashboards.timeline import TimelineData
 from nsysan.analysis import analyse, capture_start_utc_ns
 from nsysan.errors import InputError, NsysanError
 from nsysan.ingest import load_trace
-from nsysan.store import ReviewStore
-from nsysan.store.models import FindingRecord, TraceRecord
-
-STEPS_KEY = "steps"  # the report document's steps section, kept in the stored summary under this key
+from nsysan.store import NotFound, ReviewStore
 
 log = logging.getLogger(__name__)
 
@@ -49,28 +46,17 @@ def analyse_stored_trace(store: ReviewStore, trace_id: int) -> None:
     except NsysanError as exc:
         store.mark_failed(trace_id, str(exc))
         raise
-    store.save_analysis(trace_id, stored_document(document), captured_utc_ns)
-
-
-def stored_document(document: dict[str, Any]) -> dict[str, Any]:
-    """The report document as the store keeps it: its ``steps`` section (where each rank's step time
-    went, for the overview's chart and the compare page) rides in the summary, the store's one place
-    for a trace's figures; a finding keeps the fields the store has columns for (``recoverable_ns``
-    has none yet)."""
-    columns = set(FindingRecord.__table__.columns.keys())
-    summary = dict(document["summary"])
-    if document.get("steps") is not None:
-        summary[STEPS_KEY] = document["steps"]
-    findings = [{k: v for k, v in f.items() if k in columns} for f in document["findings"]]
-    return {**document, "summary": summary, "findings": findings}
+    store.save_analysis(trace_id, document, captured_utc_ns)
 
 
 def stored_steps(store: ReviewStore, trace_id: int) -> dict[str, Any] | None:
-    """The stored ``steps`` section of a trace's latest analysis (None: analysed by an nsysan without it)."""
-    with store.session() as s:
-        record = s.get(TraceRecord, trace_id)
-        steps = (record.summary or {}).get(STEPS_KEY) if record is not None else None
-        return steps if isinstance(steps, dict) else None
+    """The stored ``steps`` section of a trace's latest analysis (``ReviewStore.steps``), for the
+    overview's chart and the compare page (None: analysed by an nsysan without it, or no such trace)."""
+    try:
+        steps = store.steps(trace_id)
+    except NotFound:
+        return None
+    return steps if isinstance(steps, dict) else None
 
 
 @dataclass

@@ -21,6 +21,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from pandas.api.types import union_categoricals
 
+from nsysan.arrays import distinct
 from nsysan.errors import InputError
 from nsysan.ingest.frames import NVTX_RANGE_TYPES
 from nsysan.ingest.nccl import is_communication
@@ -302,7 +303,7 @@ class TimelineData:
                     found.append(np.array([lo + int(np.argmin(np.abs(self.end[lo:hi] - target)))]))
         if not found:
             return np.array([], dtype=np.int64)
-        return np.unique(np.concatenate(found)).astype(np.int64)
+        return distinct(np.concatenate(found)).astype(np.int64)
 
     def evidence_drawn(self, finding: dict[str, Any], window_ns: tuple[int, int] | None = None) -> list[str]:
         """What :meth:`figure` outlines in red for ``finding`` in the window, one phrase per rank row

@@ -34,7 +34,7 @@ from nsysan.ingest.cache import FrameCache, process_cache
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.ranks import announced_ranks, assign_guessed
 from nsysan.ingest.slices import ProcessSlice
-from nsysan.steps import DEFAULT_STEP_PATTERN
+from nsysan.steps import DEFAULT_STEP_PATTERN, Steps
 
 T = TypeVar("T")
 
@@ -206,7 +206,8 @@ def map_file(
         with load_trace([path], cache=cache, ranks=ranks) as whole, whole.export_alone(0, part, run) as trace:
             result = map_export(trace, index, settings, steps)
             if profile:
-                result.profiles = [profile_part(trace, steps)]
+                a = result.attribution
+                result.profiles = [profile_part(trace, steps, Steps(a.source, a.detail, a.windows))]
             return result
 
     if cache is None or not _only_nsysan_detectors():

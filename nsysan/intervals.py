@@ -141,9 +141,7 @@ def intersect_arrays(
     return s[keep], e[keep], which[keep]
 
 
-def complement_arrays(
-    start: np.ndarray, end: np.ndarray, lo: int, hi: int
-) -> tuple[np.ndarray, np.ndarray]:
+def complement_arrays(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     """The gaps of disjoint sorted intervals within [lo, hi)."""
     edges_s = np.concatenate([[lo], end])
     edges_e = np.concatenate([start, [hi]])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -173,7 +174,7 @@ def _project(trace: Trace, ranges: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFr
         inside[inside] = corr[inside] < upper[step[inside]]
         windows = _tile(g[inside], step[inside], len(r))
         if len(windows):
-            out.append(windows.assign(export=int(export), rank=int(rank)))
+            out.append(windows.assign(export=int(cast(int, export)), rank=int(cast(int, rank))))
     if not out:
         return _empty()
     return _number(pd.concat(out, ignore_index=True))
@@ -256,7 +257,9 @@ def sequence_steps(trace: Trace, ops: pd.DataFrame) -> tuple[pd.DataFrame, list[
     short = k["short_name"].astype("category").cat.codes.to_numpy(dtype=np.int64)
     grid = k["grid"].fillna(0).to_numpy(dtype=np.int64)
     block = k["block"].fillna(0).to_numpy(dtype=np.int64)
-    sig = pd.DataFrame({"n": name, "s": short, "g": grid, "b": block}).groupby(["n", "s", "g", "b"], sort=False).ngroup()
+    sig = (
+        pd.DataFrame({"n": name, "s": short, "g": grid, "b": block}).groupby(["n", "s", "g", "b"], sort=False).ngroup()
+    )
     frame = pd.DataFrame({"export": k["export"].to_numpy(), "rank": k["rank"].astype("int64").to_numpy(),
                           "start_ns": k["start_ns"].to_numpy(), "end_ns": k["end_ns"].to_numpy(),
                           "sig": sig.to_numpy(), "nccl": nccl, "row": np.arange(len(k))})  # fmt: skip
@@ -272,10 +275,11 @@ def sequence_steps(trace: Trace, ops: pd.DataFrame) -> tuple[pd.DataFrame, list[
         if coll.any():  # NCCL kernels on a longer cycle: a step holds whole cycles of both
             before = np.cumsum(~coll)[coll]
             cycle = _nccl_period(before)
-            if cycle is not None and cycle % p != 0:
+            # a cycle longer than the compute period spans several of them (the all-reduce every
+            # other micro-batch); a shorter one repeats inside the step (a pipeline's sends and
+            # receives every few kernels) and says nothing about where steps begin
+            if cycle is not None and cycle > p:
                 p = int(np.lcm(p, cycle))
-            elif cycle is not None:
-                p = max(p, cycle)
             if p * 3 > len(codes):
                 continue
         counts = np.bincount(codes, minlength=len(uniques))

@@ -88,7 +88,9 @@ def main() -> None:
                 for planted in (True, False):
                     r = run(family, seed, planted, Path(tmp))
                     kinds = [k for k in KINDS if r.truth.get(k) or r.claimed.get(k)]
-                    cells = " ".join(f"{k}={r.claimed.get(k, 0) / 1e3:.0f}/{r.truth.get(k, 0) / 1e3:.0f}" for k in kinds)
+                    cells = " ".join(
+                        f"{k}={r.claimed.get(k, 0) / 1e3:.0f}/{r.truth.get(k, 0) / 1e3:.0f}" for k in kinds
+                    )
                     print(f"{family:22s} {seed} {'P' if planted else 'C'} wall={r.wall_ns / 1e6:7.2f}ms "
                           f"top={r.top_kind}/{r.top_severity} bd={r.breakdown_error:.3f}({r.steps_compared}) "
                           f"claimed/truth us: {cells}", flush=True)  # fmt: skip

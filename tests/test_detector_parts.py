@@ -8,9 +8,11 @@ import pandas as pd
 import pytest
 
 from fixtures.samples import sample_paths
+from nsysan.analysis import map_export
+from nsysan.attribution.job import reduce_attribution
+from nsysan.attribution.part import AttributionPart
 from nsysan.detect import DetectorParts, map_detectors, reduce_detectors, run_detectors
-from nsysan.detect.nccl_ordering_stall import KIND
-from nsysan.detect.runner import _take_tables
+from nsysan.detect.nccl_ordering_stall import KIND, matching
 from nsysan.ingest import load_trace
 from nsysan.ingest.frames import concat_frames
 
@@ -25,26 +27,38 @@ def _parts(sample: str = "allreduce-4rank-2022.4") -> list[DetectorParts]:
     return parts
 
 
+def _attribution_parts(sample: str = "allreduce-4rank-2022.4") -> list[AttributionPart]:
+    """The maps' attribution parts of a job: since the step attribution, the NCCL operations the
+    ordering stall reads are its compact table (``comm``), not the detector's own."""
+    with load_trace(sample_paths(sample)) as trace:
+        parts = []
+        for index in range(len(trace.exports)):
+            with trace.export_alone(index) as one:
+                parts.append(map_export(one, index).attribution)
+    return parts
+
+
 def test_the_compact_table_uses_narrow_types():
-    ops = _parts("pipeline-stall")[0].tables[KIND]["ops"]
+    assert _parts("pipeline-stall")[0].tables[KIND] == {}  # the detector sends nothing of its own
+    ops = _attribution_parts("pipeline-stall")[0].comm
     assert len(ops) > 0
-    assert "launch_ns" not in ops  # read by the map, not needed by the reduce
-    for column in ("export", "pid", "device", "stream", "rank", "iteration", "comm_rank", "peer"):
+    assert not {"launch_ns", "launched_ns", "tid"} & set(ops)  # read by the map, not needed by the reduce
+    for column in ("export", "pid", "device", "stream", "rank", "iteration", "comm_rank", "peer", "row"):
         assert ops[column].dtype.itemsize <= 4, (column, ops[column].dtype)
     assert ops.memory_usage(index=False).sum() / len(ops) < 80
 
 
 def test_joining_keeps_names_categorical_and_takes_the_parts_tables():
-    parts = _parts()
+    parts = _attribution_parts()
     assert len(parts) == 4
-    ops = parts[1].tables[KIND]["ops"]
+    ops = parts[1].comm
     ops["short_name"] = ops["short_name"].cat.add_categories("ncclDevKernel_Broadcast")  # exports differ
-    names = [set(p.tables[KIND]["ops"]["short_name"].cat.categories) for p in parts]
-    frames = _take_tables(parts, KIND)
-    joined = frames["ops"]["short_name"]
+    names = [set(p.comm["short_name"].cat.categories) for p in parts]
+    job = reduce_attribution(parts, [0] * len(parts), matching(None))
+    joined = job.comm["short_name"]
     assert isinstance(joined.dtype, pd.CategoricalDtype)  # not object: 1 byte an op, not 8
     assert set(joined.cat.categories) == set().union(*names)
-    assert all(KIND not in p.tables for p in parts)  # held once, by the join
+    assert len(job.comm) == 16 and all(p.comm.empty for p in parts)  # held once, by the join
 
 
 def test_reduce_after_the_join_gives_the_serial_findings():

@@ -157,9 +157,18 @@ def test_position_matching_past_its_memory_limit_is_skipped_and_said(job, serial
     with load_trace(job) as trace:
         doc = analyse(trace, {"nccl_ordering_stall": {"max_position_pairs": 1000}})
     assert not [f for f in doc["findings"] if f["kind"] == "nccl_ordering_stall"]
-    notes = [n for n in doc["summary"]["limitations"] if n.startswith("Ordering stalls not looked for")]
+    # the matching belongs to the step attribution now (nsysan.attribution.comm): past the limit no
+    # operation is matched across ranks, so neither ordering stalls nor late ranks are looked for,
+    # and each rank's NCCL time is said to be not judged (waiting cannot be told from transfer)
+    notes = [n for n in doc["summary"]["limitations"] if n.startswith("NCCL operations not matched across ranks")]
     assert len(notes) == 1 and "nccl_ordering_stall.max_position_pairs=1,000" in notes[0]
-    assert {f["kind"] for f in doc["findings"]} == {f["kind"] for f in serial_doc["findings"]} - {"nccl_ordering_stall"}
+    assert "288 operations without communicator payloads across 8 ranks" in notes[0]
+    assert {f["kind"] for f in doc["findings"]} == {f["kind"] for f in serial_doc["findings"]} - {
+        "nccl_ordering_stall", "late_rank"}  # fmt: skip
+    unmatched = [u for u in doc["steps"]["unjudged"] if u["detector"] == "attribution"]
+    assert sorted(u["rank"] for u in unmatched) == list(range(8)) and all(u["ns"] > 0 for u in unmatched)
+    assert all("matched with no participant on another rank" in u["why"] for u in unmatched)
+    assert not [u for u in serial_doc["steps"]["unjudged"] if u["detector"] == "attribution"]
 
 
 def test_local_cluster_gives_the_serial_report_on_a_slowdown_job(tmp_path):

@@ -25,7 +25,7 @@ def _changes(finding: dict) -> list[tuple]:
 
 def test_every_status_and_assignee_change_is_an_event_in_the_thread(store):
     trace_id = _analysed(store, "pipeline-stall")
-    (f,) = store.findings(trace_id)
+    (f,) = store.findings(trace_id, kind="nccl_ordering_stall")
     assert store.update_finding(f["id"], based_on_version=1, status="confirmed", assignee="ana", author="ana") == 2
     store.comment(f["id"], "ben", "rank 3 is late")
     assert store.update_finding(f["id"], based_on_version=2, status="confirmed", assignee="ben", author="ben") == 3
@@ -45,7 +45,7 @@ def test_every_status_and_assignee_change_is_an_event_in_the_thread(store):
 
 def test_a_save_that_changes_nothing_does_nothing(store):
     trace_id = _analysed(store, "pipeline-stall")
-    (f,) = store.findings(trace_id)
+    (f,) = store.findings(trace_id, kind="nccl_ordering_stall")
     assert store.update_finding(f["id"], based_on_version=1, status="open", assignee="  ", author="ana") == 1
     assert store.update_finding(f["id"], based_on_version=1, status="confirmed", assignee="ana") == 2
     # ben's page still says version 1; his save asks for what the finding already is: nothing to do,
@@ -73,7 +73,7 @@ def test_of_two_concurrent_edits_one_wins_and_only_its_change_is_recorded(store)
 
 def test_the_review_exports_with_its_thread_as_json_csv_and_markdown(store):
     trace_id = _analysed(store, "pipeline-stall")
-    (f,) = store.findings(trace_id)
+    (f,) = store.findings(trace_id, kind="nccl_ordering_stall")
     store.update_finding(f["id"], based_on_version=1, status="confirmed", assignee="ana", author="ana")
     store.comment(f["id"], "ben", 'rank 3, "late", again')
     store.note(trace_id, "cy", "captured on node 7")
@@ -81,7 +81,10 @@ def test_the_review_exports_with_its_thread_as_json_csv_and_markdown(store):
     assert review["trace"]["name"] == "pipeline-stall" and [n["body"] for n in review["notes"]] == [
         "captured on node 7"
     ]
+    assert {x["id"] for x in review["findings"]} == {x["id"] for x in store.findings(trace_id)}
+    review["findings"] = [x for x in review["findings"] if x["id"] == f["id"]]  # the reviewed one
     (exported,) = review["findings"]
+    assert exported["recoverable_ns"] == f["recoverable_ns"] is not None
     assert (exported["status"], exported["assignee"]) == ("confirmed", "ana")
     assert [e["kind"] for e in exported["thread"]] == ["event", "event", "comment"]
     as_json = json.loads(review_export.render(review, "json"))
@@ -101,7 +104,8 @@ def test_the_review_exports_with_its_thread_as_json_csv_and_markdown(store):
     assert "changed status open -> confirmed" in md and 'rank 3, "late", again' in md
     assert review_export.filename(review, "md") == f"review-{trace_id}-pipeline-stall.md"
     store.comment(f["id"], "eve", '=HYPERLINK("http://evil.example")')  # a formula, to a spreadsheet
-    last = list(csv.DictReader(io.StringIO(review_export.render(store.review(trace_id), "csv"))))[-1]
+    rows = list(csv.DictReader(io.StringIO(review_export.render(store.review(trace_id), "csv"))))
+    last = [r for r in rows if r["finding_id"] == str(f["id"])][-1]
     assert last["text"] == '\'=HYPERLINK("http://evil.example")'
 
 
@@ -158,7 +162,7 @@ def test_a_schema_4_store_gains_review_events_and_keeps_its_review(url):
     assert _revision_and_tables(url)[:2] == ("0004", "4")
     s = ReviewStore(url)
     revision, number, tables = _revision_and_tables(url)
-    assert (revision, number) == (schema.head(), str(SCHEMA_VERSION)) == ("0005", "5") and "review_events" in tables
+    assert (revision, number) == (schema.head(), str(SCHEMA_VERSION)) == ("0006", "6") and "review_events" in tables
     old = s.finding(1)
     assert (old["status"], old["assignee"], old["version"], old["events"]) == ("confirmed", "ada", 3, [])
     assert [e["body"] for e in old["thread"]] == ["seen"]
@@ -194,7 +198,7 @@ def test_the_export_route_and_the_findings_pages_text_filter_and_clock(tmp_path)
     server = Server(ReviewStore(tmp_path / "review.sqlite"), uploads_dir=tmp_path / "uploads")
     try:
         trace_id = _analysed(server.store, "pipeline-stall")
-        (f,) = server.store.findings(trace_id)
+        (f,) = server.store.findings(trace_id, kind="nccl_ordering_stall")
         server.store.update_finding(f["id"], based_on_version=1, assignee="ana", author="ana")
         client = create_app(server).server.test_client()
         answer = client.get(f"/traces/{trace_id}/review.csv", headers={"Host": "127.0.0.1"})

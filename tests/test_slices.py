@@ -5,6 +5,7 @@ the whole export at once, byte for byte."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -133,7 +134,11 @@ def test_real_two_gpu_export_is_two_slices_and_the_same_report(nsysai_traces):
     path = nsysai_traces["h100_2gpu_1s_ab196ea2"]
     assert _check_partition(path) == 2
     sliced = _document([path], True)
-    assert len(json.loads(sliced)["findings"]) == 34
+    # the 34 launch-queue stalls of before, now info: the GPUs were busy copying meanwhile, so
+    # unblocking the host recovers nothing; and each GPU's copies exposed for 97% of the capture
+    kinds = Counter((f["kind"], f["rank"], f["severity"]) for f in json.loads(sliced)["findings"])
+    assert kinds == {("command_buffer_full", 0, "info"): 18, ("command_buffer_full", 1, "info"): 16,
+                     ("copy_bound", 0, "critical"): 1, ("copy_bound", 1, "critical"): 1}  # fmt: skip
     assert sliced == _document([path], False)
 
 

@@ -50,7 +50,7 @@ def run_all(root: Path, seeds: range = SEEDS) -> list[Outcome]:
                 where = root / f"{seed}-{flavour}-{'ranks' if per_rank else 'job'}-{'planted' if planted else 'clean'}"
                 paths, truths = scenario(seed, planted, where, flavour=flavour, file_per_rank=per_rank)
                 with load_trace(paths) as trace:
-                    found = detect(trace, Params())
+                    found = detect(trace, Params()).findings  # Verdicts: the findings, and what was not judged
                 out.append(Outcome(seed, flavour, per_rank, planted, paths, truths, found))
     return out
 
@@ -236,7 +236,7 @@ def test_real_ddp_case_finds_the_nccl_slowdown_and_nothing_else(tmp_path):
     facts = _ddp_rank(tmp_path / "ddp-rank2.sqlite")
     slowed = facts["slowed"]
     with load_trace([tmp_path / "ddp-rank2.sqlite"]) as trace:
-        found = detect(trace, Params())
+        found = detect(trace, Params()).findings
     assert len(found) == 1, [f.title for f in found]
     f = found[0]
     ev = f.evidence

@@ -11,6 +11,7 @@ from fixtures.samples import sample_paths
 from nsysan.analysis import analyse
 from nsysan.ingest import load_trace
 from nsysan.store import ReviewStore
+from tests.test_store import _only
 
 
 def _components(component) -> list:
@@ -31,7 +32,7 @@ def test_a_finding_not_found_again_is_listed_last_greyed_and_says_so(tmp_path):
     store = ReviewStore(tmp_path / "review.sqlite")
     trace_id = store.register(sample_paths("overlap-slowdown"))
     with load_trace(store.start_analysis(trace_id)) as trace:
-        doc = analyse(trace)
+        doc = _only(analyse(trace), "comm_compute_slowdown")  # six episodes of one slowdown
     store.save_analysis(trace_id, doc)
     gone = store.findings(trace_id)[0]
     store.save_analysis(trace_id, doc | {"findings": [f for f in doc["findings"] if f["start_ns"] != gone["start_ns"]]})

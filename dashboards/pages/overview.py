@@ -26,7 +26,7 @@ import dash
 from dash import ALL, Input, Output, State, dcc, html
 
 from dashboards import breakdown, ids
-from dashboards.analysis import STEPS_KEY, stored_steps
+from dashboards.analysis import stored_steps
 from dashboards.pages.common import captured, missing, severity_badge, thread
 from dashboards.server import Server
 from dashboards.timeline import LANE_COLOURS, LANES, SEVERITY_COLOURS, TimelineData, evidence_items
@@ -400,7 +400,7 @@ def _summary(server: Server, t: dict[str, Any]) -> Any:
     data = server.timelines.peek(t["id"])
     findings = server.store.findings(t["id"])
     parts: list[Any] = [html.H2("What this trace is"), *_blind_spots(summary)]
-    parts += [_device_table(summary, data), _step_breakdown(summary.get(STEPS_KEY))]
+    parts += [_device_table(summary, data), _step_breakdown(stored_steps(server.store, t["id"]))]
     for table in tables({"summary": summary}):
         if table.title in _SHOWN_TABLES:
             parts.append(html.Details([html.Summary(table.title), _table(table)], open=table.title != "Memory copies",

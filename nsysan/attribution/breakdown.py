@@ -115,9 +115,11 @@ def rank_breakdown(
     cw = np.searchsorted(w_start, s[copy], side="right") - 1
     inside = (cw >= 0) & (s[copy] < w_end[np.maximum(cw, 0)])
     copy, cw = copy[inside], cw[inside]
-    streams = ops.assign(d=e - s).groupby(["device", "stream"])["d"].sum()
-    main = streams.idxmax() if len(streams) else (-1, -1)
-    on_main = (ops["device"].to_numpy()[copy] == main[0]) & (ops["stream"].to_numpy()[copy] == main[1])
+    # the main stream: the one with the most GPU time
+    stream_key = (ops["device"].to_numpy(dtype=np.int64) << 32) | (ops["stream"].to_numpy(dtype=np.int64) & 0xFFFFFFFF)
+    which_stream, keys = pd.factorize(stream_key)
+    main = keys[np.argmax(np.bincount(which_stream, weights=e - s))] if len(keys) else -1
+    on_main = stream_key[copy] == main
     nbytes = ops["bytes"].to_numpy(dtype=np.int64)[copy]
     dur = (e - s)[copy]
     table["copy_bytes"] = np.bincount(cw, weights=nbytes, minlength=len(table)).astype(np.int64)
@@ -125,15 +127,17 @@ def rank_breakdown(
     table["copy_pageable_bytes"] = np.bincount(cw, weights=nbytes * ops["pageable"].to_numpy()[copy],
                                                minlength=len(table)).astype(np.int64)  # fmt: skip
     table["copy_main_stream_ns"] = np.bincount(cw, weights=dur * on_main, minlength=len(table)).astype(np.int64)
-    kinds = ops["copy_kind"].astype(str).to_numpy()[copy]
+    kind = ops["copy_kind"].astype("category")
+    codes, labels = kind.cat.codes.to_numpy()[copy], list(kind.cat.categories)
     for short, label in COPY_KINDS.items():
-        is_kind = kinds == label
+        is_kind = codes == (labels.index(label) if label in labels else -2)
         table[f"copy_{short}_bytes"] = np.bincount(cw, weights=nbytes * is_kind, minlength=len(table)).astype(np.int64)
         table[f"copy_{short}_ns"] = np.bincount(cw, weights=dur * is_kind, minlength=len(table)).astype(np.int64)
     cause = idle_causes(gaps, host["blocking"], host["loading"], host["queue_full"])
+    per_cause = np.bincount(gw * len(IDLE_CAUSES) + cause, weights=ge - gs, minlength=len(table) * len(IDLE_CAUSES))
+    per_cause = per_cause.reshape(len(table), len(IDLE_CAUSES)).astype(np.int64)
     for i, name in enumerate(IDLE_CAUSES):
-        table[f"idle_{name}_ns"] = np.bincount(gw[cause == i], weights=(ge - gs)[cause == i],
-                                               minlength=len(table)).astype(np.int64)  # fmt: skip
+        table[f"idle_{name}_ns"] = per_cause[:, i]
     gap_table = pd.DataFrame({"step": windows["step"].to_numpy()[gw] if len(gw) else np.empty(0, np.int64),
                               "start_ns": gs, "end_ns": ge, "cause": cause,
                               "next_row": np.where(has_next, ops["row"].to_numpy()[np.maximum(next_op, 0)], -1)})  # fmt: skip

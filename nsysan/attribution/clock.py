@@ -6,10 +6,11 @@ coarse to say who arrived last at a collective whose participants finish within 
 each other. So the exports are aligned on the collectives themselves: every participant of an NCCL
 operation ends within a few us of the others, whatever time each arrived.
 
-1. Coarse: per export, the offset against a reference export (the one with the most NCCL kernels)
-   at which the most NCCL kernel ends coincide (within ``BIN_NS``), among offsets within
-   ``WINDOW_NS`` of the UTC alignment, preferring the one nearest the UTC alignment among near
-   ties (a job repeating every step also coincides one step off).
+1. Coarse: per export, the offset at which the most NCCL kernel ends coincide (within ``BIN_NS``)
+   with those of an export already aligned, among offsets within ``WINDOW_NS`` of the UTC
+   alignment, preferring the one nearest the UTC alignment among near ties (a job repeating every
+   step also coincides one step off); exports are taken in the order of how well they coincide
+   with an aligned one, from the export with the most NCCL kernels (:func:`coarse`).
 2. Fine, once the operations are matched across ranks (:mod:`.comm`): each export's offset moved
    by the median of its operations' ends' distance from their operation's median end.
 
@@ -28,8 +29,10 @@ import pandas as pd
 
 WINDOW_NS = 20_000_000  # how far the UTC alignment may be off
 BIN_NS = 4_000
-MIN_MATCHES = 5
+MIN_MATCHES = 3  # coinciding ends (or operations matched across exports) an alignment needs
 _SAMPLE = 2_000
+_ALL_PAIRS = 64  # up to this many exports, every aligned export is a candidate partner
+_NEAR = 8
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,14 @@ class Clock:
 
 def coarse(ends: list[np.ndarray], utc: list[int]) -> tuple[list[int], list[bool]]:
     """Per export, its offset (UTC alignment corrected by coinciding NCCL ends) and whether the
-    ends decided it. ``ends``: each export's NCCL kernel ends on its own clock."""
+    ends decided it. ``ends``: each export's NCCL kernel ends on its own clock.
+
+    Exports are aligned one at a time, each against the aligned export its ends coincide with best
+    (a maximum spanning tree grown from the reference): two ranks that share no communicator
+    (stages 0 and 3 of a pipeline, the TP groups of TP x DP) coincide only by the program's rhythm,
+    one layer or one micro-batch off as readily as not, so each export is aligned on a partner.
+    Past ``_ALL_PAIRS`` exports, an export is paired with the reference and, when that is weak
+    (less than half its ends coincide), with the aligned exports near it in export order."""
     offsets = list(utc)
     decided = [False] * len(ends)
     if len(ends) < 2:
@@ -52,34 +62,71 @@ def coarse(ends: list[np.ndarray], utc: list[int]) -> tuple[list[int], list[bool
     if len(ends[ref]) < MIN_MATCHES:
         return offsets, decided
     decided[ref] = True
-    y = np.sort(ends[ref].astype(np.int64) + utc[ref])
-    for e, x in enumerate(ends):
-        if e == ref or len(x) < MIN_MATCHES:
-            continue
-        x = np.sort(x.astype(np.int64) + utc[e])
-        if len(x) > _SAMPLE:
-            x = x[np.linspace(0, len(x) - 1, _SAMPLE).astype(np.int64)]
-        lo = np.searchsorted(y, x - WINDOW_NS, side="left")
-        hi = np.searchsorted(y, x + WINDOW_NS, side="right")
-        n = hi - lo
-        if n.sum() == 0 or n.sum() > 50_000_000:
-            continue
-        which = np.repeat(np.arange(len(x)), n)
-        at = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
-        d = y[at] - x[which]
-        bins = np.round(d / BIN_NS).astype(np.int64)
-        values, counts = np.unique(bins, return_counts=True)
-        # a coincidence counts once per end of this export: the bin and its neighbours
-        near = np.convolve(counts, np.ones(3, dtype=np.int64), mode="same") if len(counts) > 2 else counts
-        strong = near >= max(MIN_MATCHES, int(0.8 * near.max()))
-        candidates = values[strong]
-        best = candidates[np.argmin(np.abs(candidates))]
-        close = np.abs(d - best * BIN_NS) <= BIN_NS
-        if close.sum() < MIN_MATCHES:
-            continue
-        offsets[e] = utc[e] + int(np.median(d[close]))
-        decided[e] = True
+    own = [_sample(np.sort(x.astype(np.int64) + u)) for x, u in zip(ends, utc, strict=True)]
+    best: dict[int, tuple[float, int]] = {}  # export -> (share of its ends coinciding, offset)
+    todo = {e for e, x in enumerate(ends) if e != ref and len(x) >= MIN_MATCHES}
+    newest = ref
+    while todo:
+        y = np.sort(ends[newest].astype(np.int64) + offsets[newest])
+        for e in todo:
+            if (
+                len(ends) > _ALL_PAIRS
+                and newest != ref
+                and (abs(e - newest) > _NEAR or best.get(e, (0.0, 0))[0] >= 0.5)
+            ):
+                continue
+            found = _pair(own[e], y)
+            if found is not None and found[0] > best.get(e, (0.0, 0))[0]:
+                best[e] = (found[0], utc[e] + found[1])
+        ready = [e for e in todo if e in best]
+        if not ready:
+            break
+        newest = max(ready, key=lambda e: (best[e][0], -e))
+        offsets[newest] = best[newest][1]
+        decided[newest] = True
+        todo.discard(newest)
     return offsets, decided
+
+
+def _sample(x: np.ndarray) -> np.ndarray:
+    return x[np.linspace(0, len(x) - 1, _SAMPLE).astype(np.int64)] if len(x) > _SAMPLE else x
+
+
+def _pair(x: np.ndarray, y: np.ndarray) -> tuple[float, int] | None:
+    """How ends ``x`` (sorted) best coincide with ends ``y`` (sorted): (share of ``x`` that
+    coincides, the ns to add to ``x``), None under ``MIN_MATCHES``. Among offsets within ``WINDOW_NS``,
+    the one most ends agree on; among near ties (a job repeating every step also coincides one step
+    off, missing one step's ends), the one nearest 0."""
+    lo = np.searchsorted(y, x - WINDOW_NS, side="left")
+    hi = np.searchsorted(y, x + WINDOW_NS, side="right")
+    n = hi - lo
+    if n.sum() == 0 or n.sum() > 50_000_000:
+        return None
+    which = np.repeat(np.arange(len(x)), n)
+    at = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+    d = y[at] - x[which]
+    bins = np.round(d / BIN_NS).astype(np.int64)
+    values, counts = np.unique(bins, return_counts=True)
+    # coincidences within a bin of each other: the bin and its neighbouring bins (by value)
+    near = counts + _count_at(values, counts, values - 1) + _count_at(values, counts, values + 1)
+    top = int(near.max())
+    strong = near >= max(MIN_MATCHES, top - max(1, int(0.02 * top)))
+    if not strong.any():
+        return None
+    candidates = values[strong]
+    best = candidates[np.argmin(np.abs(candidates))]
+    # the coincidences around that bin (its neighbours counted), re-centred on their median
+    center = float(np.median(d[np.abs(d - best * BIN_NS) <= 2 * BIN_NS]))
+    close = np.abs(d - center) <= BIN_NS
+    if close.sum() < MIN_MATCHES:
+        return None
+    return min(1.0, float(close.sum()) / len(x)), int(np.median(d[close]))
+
+
+def _count_at(values: np.ndarray, counts: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The counts of bins ``wanted`` (0 where there is none), ``values`` sorted."""
+    at = np.minimum(np.searchsorted(values, wanted), len(values) - 1)
+    return np.where(values[at] == wanted, counts[at], 0)
 
 
 def refine(offsets: list[int], ops: pd.DataFrame, group: np.ndarray) -> tuple[list[int], int, int]:
@@ -105,7 +152,7 @@ def refine(offsets: list[int], ops: pd.DataFrame, group: np.ndarray) -> tuple[li
         if len(out) > 1 and spread.any():
             shift = pd.Series(resid[spread]).groupby(frame["export"].to_numpy()[spread]).median()
             for e, s in shift.items():
-                out[int(e)] -= int(round(float(s)))  # type: ignore[call-overload]
+                out[int(e)] -= round(float(s))  # type: ignore[call-overload]
     table = np.asarray(out, dtype=np.int64)
     a_end = end + table[export]
     frame = pd.DataFrame({"g": group[keep], "a_end": a_end[keep]})

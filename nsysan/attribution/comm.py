@@ -15,11 +15,15 @@ both read the result.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
+from scipy.sparse.csgraph import connected_components
 
+from nsysan.arrays import distinct
 from nsysan.attribution import participants as by_program
 from nsysan.attribution.events import device_ready
 from nsysan.ingest.nccl import (
@@ -52,16 +56,15 @@ class Matching:
 def comm_ops(trace: Trace, nccl: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The compact table of one export's NCCL kernels ``nccl`` (export, rank, pid, device, stream,
     correlation_id, start_ns, end_ns, short_name, row: the kernel's place in the export's GPU
-    operations), with launch call, iteration, readiness (export clock) and communicator (its first
-    call's); and the legs (:func:`_legs`) of the kernels that did several calls' work (a group of
-    sends and receives), whose participants come from every leg."""
+    operations; tid, launch_ns and launched_ns: its launch call's, -1 unknown), with iteration,
+    readiness (export clock) and communicator (its first call's); and the legs (:func:`_legs`) of
+    the kernels that did several calls' work (a group of sends and receives), whose participants
+    come from every leg."""
     ops = nccl.reset_index(drop=True)
     ops = ops.assign(rank=ops["rank"].astype("int64"), p2p=is_point_to_point(ops))
-    calls = trace.launch_calls(ops)[["export", "pid", "correlation_id", "start_ns", "end_ns", "tid"]]
-    calls = calls.drop_duplicates(["export", "pid", "correlation_id"]).rename(
-        columns={"start_ns": "launch_ns", "end_ns": "launched_ns"}
-    )
-    ops = ops.merge(calls, on=["export", "pid", "correlation_id"], how="left")
+    for column in ("tid", "launch_ns", "launched_ns"):  # unknown: NaN, as a merge with no call leaves it
+        values = ops[column].to_numpy(dtype=np.int64)
+        ops[column] = np.where(values >= 0, values.astype(np.float64), np.nan)
     ops["iteration"] = by_program.iterations(trace, ops)
     ready = device_ready(trace, ops)
     device = ready["device_ready_ns"]
@@ -108,7 +111,7 @@ def _legs(ops: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
     if calls.empty or ops.empty:
         return empty
     keys = ["export", "pid", "tid"]
-    c = calls.dropna(subset=["pid", "tid", "start_ns", "end_ns"]).astype({k: "int64" for k in keys})
+    c = calls.dropna(subset=["pid", "tid", "start_ns", "end_ns"]).astype(dict.fromkeys(keys, "int64"))
     c = c.assign(comm_rank=c["comm_rank"].astype("Int64"))
     c["comm_rank"] = c.groupby(["export", "pid", "comm_id"])["comm_rank"].transform("first")
     c = c.sort_values("start_ns", kind="stable").reset_index(drop=True)
@@ -199,13 +202,14 @@ class Participants:
     group: pd.Series
     edges: pd.DataFrame
     method: str
+    _partners: pd.DataFrame | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def ranks_of(self, ops: pd.DataFrame, heads: np.ndarray) -> dict[int, list[int]]:
         """The ranks of each op in ``heads``' participants (for the evidence of reported ops), in
         one pass over the groups and edges whatever the number of heads."""
         rank = ops["rank"].to_numpy()
         group = self.group.to_numpy()
-        wanted = np.unique(group[heads][group[heads] >= 0])
+        wanted = distinct(group[heads][group[heads] >= 0])
         members = np.flatnonzero(np.isin(group, wanted))
         by_group = pd.Series(rank[members]).groupby(group[members]).agg(list).to_dict() if len(members) else {}
         e = self.edges[self.edges["i"].isin(heads)]
@@ -218,10 +222,18 @@ class Participants:
         return out
 
     def partners(self) -> pd.DataFrame:
-        """The point-to-point participants as edges (i, j) in both directions, once each."""
-        e = self.edges[["i", "j"]]
-        both = pd.concat([e, e.rename(columns={"i": "j", "j": "i"})], ignore_index=True)
-        return both[both["i"] != both["j"]].drop_duplicates().reset_index(drop=True)
+        """The point-to-point participants as edges (i, j) in both directions, once each, sorted
+        (computed once: several detectors ask)."""
+        if self._partners is None:
+            i = self.edges["i"].to_numpy(dtype=np.int64)
+            j = self.edges["j"].to_numpy(dtype=np.int64)
+            a, b = np.concatenate([i, j]), np.concatenate([j, i])
+            keep = a != b
+            width = int(max(a.max(initial=0), b.max(initial=0))) + 1
+            key = distinct(a[keep] * width + b[keep])
+            object.__setattr__(self, "_partners", pd.DataFrame({"i": key // width, "j": key % width}))
+        assert self._partners is not None
+        return self._partners
 
     def matched(self) -> np.ndarray:
         """Per op, whether any participant on another rank is known."""
@@ -230,19 +242,30 @@ class Participants:
         out[self.edges["j"].to_numpy(dtype=np.int64)] = True
         return out
 
-    def clock_groups(self) -> np.ndarray:
-        """Per op, a number shared with the ops that end with it (-1: none): its collective's group,
-        or for a send/recv kernel with exactly one partner, the pair's."""
+    def clock_groups(self, p2p: np.ndarray) -> np.ndarray:
+        """Per op, a number shared with the ops that end with it (-1: none): its collective's group
+        (from payloads, or for collectives matched by program position, the connected ops), or for a
+        send/recv kernel (``p2p``) with exactly one partner, the pair's."""
         group = self.group.to_numpy().astype(np.int64).copy()
         p = self.partners()
         if not len(p):
             return group
-        count = np.bincount(p["i"].to_numpy(), minlength=len(group))
-        one = p[(count[p["i"].to_numpy()] == 1) & (count[p["j"].to_numpy()] == 1) & (p["i"] < p["j"])]
+        i, j = p["i"].to_numpy(), p["j"].to_numpy()
         base = int(group.max(initial=-1)) + 1
-        ids = base + np.arange(len(one))
-        group[one["i"].to_numpy()] = ids
-        group[one["j"].to_numpy()] = ids
+        coll = ~p2p[i] & ~p2p[j] & (group[i] < 0) & (group[j] < 0)
+        if coll.any():
+            n = len(group)
+            graph = sp.coo_matrix((np.ones(int(coll.sum())), (i[coll], j[coll])), shape=(n, n)).tocsr()
+            _, label = connected_components(graph, directed=False)
+            touched = np.zeros(n, dtype=bool)
+            touched[i[coll]] = True
+            group[touched] = base + label[touched]
+            base = int(group.max(initial=-1)) + 1
+        count = np.bincount(i, minlength=len(group))
+        one = p2p[i] & (count[i] == 1) & (count[j] == 1) & (i < j)
+        ids = base + np.arange(int(one.sum()))
+        group[i[one]] = ids
+        group[j[one]] = ids
         return group
 
 
@@ -272,8 +295,8 @@ def participants(ops: pd.DataFrame, m: Matching, notes: list[str], legs: pd.Data
         several = legs is not None and len(legs) > 0
         if several:  # kernels of several calls: one row per call, edges mapped back to kernels
             assert legs is not None
-            multi = np.unique(legs["op"].to_numpy())
-            single = table.drop(index=multi)
+            multi = distinct(legs["op"].to_numpy())
+            single = table.drop(index=pd.Index(multi))
             extra = legs.assign(rank=ops["rank"].to_numpy()[legs["op"].to_numpy()],
                                 a_start=ops["a_start"].to_numpy()[legs["op"].to_numpy()])  # fmt: skip
             owner = np.concatenate([single.index.to_numpy(), legs["op"].to_numpy()])
@@ -282,7 +305,7 @@ def participants(ops: pd.DataFrame, m: Matching, notes: list[str], legs: pd.Data
         if several:
             group = pd.Series(-1, index=ops.index, dtype="int64")
             g = by_comm.to_numpy()
-            group.iloc[owner[g >= 0]] = g[g >= 0]
+            group.to_numpy()[owner[g >= 0]] = g[g >= 0]
             edges = pd.DataFrame({"i": owner[edges["i"].to_numpy()], "j": owner[edges["j"].to_numpy()]})
             edges = edges[edges["i"] != edges["j"]].drop_duplicates()
         else:

@@ -72,7 +72,8 @@ def event_edges(trace: Trace, ops: pd.DataFrame) -> pd.DataFrame:
     pairs = pairs[stream[pairs["producer"].to_numpy()] != stream[pairs["consumer"].to_numpy()]]
     end = ops["end_ns"].to_numpy()
     pairs = pairs.assign(e=end[pairs["producer"].to_numpy()]).sort_values(["consumer", "e"], kind="stable")
-    return pairs.drop_duplicates("consumer", keep="last")[["producer", "consumer"]].reset_index(drop=True)
+    out: pd.DataFrame = pairs.drop_duplicates("consumer", keep="last")[["producer", "consumer"]]
+    return out.reset_index(drop=True)
 
 
 def graph_edges(ops: pd.DataFrame) -> pd.DataFrame:

@@ -31,14 +31,18 @@ export's clock (the map) and the job clock less its origin (the reduce).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
+
+from nsysan.arrays import distinct
 
 KIND = {"source": 0, "segment": 1, "arrival": 2, "end": 3, "epoch": 4, "join": 5}
 EDGE = {"stream": 0, "launch": 1, "event": 2, "sync": 3, "host": 4, "transfer": 5, "fixed": 6, "arrive": 7}
 NONE = -1
 DEFAULT_LAUNCH_LATENCY_NS = 5_000
+MAX_STEP_SPLITS = 256
 _MAX_LATENCY_NS = 100_000
 NODE_COLUMNS = ["kind", "time_ns", "rank", "pid", "device", "stream", "step", "comm", "work_ns", "compute_ns",
                 "copy_ns", "first_ns", "launch_bound"]  # fmt: skip
@@ -119,9 +123,12 @@ def build_part(
     pid = ops["pid"].to_numpy(dtype=np.int64)
     tid = launch["tid"].to_numpy(dtype=np.int64)
     lnch = launch["launch_ns"].to_numpy(dtype=np.int64)
-    chain = np.lexsort((s, ops["stream"].to_numpy(), ops["device"].to_numpy(), pid))
-    key = np.stack([pid[chain], ops["device"].to_numpy()[chain], ops["stream"].to_numpy()[chain]])
-    first = np.concatenate([[True], (key[:, 1:] != key[:, :-1]).any(axis=0)])
+    # (pid, device, stream) as one int64: 22 bits of pid (Linux's pid_max), 8 of device, 32 of stream
+    stream_key = ((pid & 0x3FFFFF) << 40) | ((ops["device"].to_numpy(dtype=np.int64) & 0xFF) << 32) | (
+        ops["stream"].to_numpy(dtype=np.int64) & 0xFFFFFFFF)  # fmt: skip
+    chain = np.lexsort((s, stream_key))
+    first = np.ones(n, dtype=bool)
+    first[1:] = stream_key[chain][1:] != stream_key[chain][:-1]
     prev = np.full(n, NONE, dtype=np.int64)
     prev[chain[~first]] = chain[np.flatnonzero(~first) - 1]
 
@@ -134,7 +141,8 @@ def build_part(
     epoch_node: dict[tuple[int, int, int], int] = {}
     calls = blocking.sort_values(["pid", "tid", "end_ns"], kind="stable").reset_index(drop=True)
     if len(calls):
-        for (p, t), rows in calls.groupby(["pid", "tid"]).indices.items():
+        for thread, rows in calls.groupby(["pid", "tid"]).indices.items():
+            p, t = cast(tuple[int, int], thread)  # grouped by two columns
             ends = calls["end_ns"].to_numpy()[rows]
             mine = np.flatnonzero((pid == p) & (tid == t) & (lnch >= 0))
             epoch[mine] = np.searchsorted(ends, lnch[mine], side="right")
@@ -144,9 +152,16 @@ def build_part(
     if len(calls):
         needed[calls["awaited"].to_numpy()] = True
     comm = what == 1
+    # steps split segments so that edits can name a step's work; a rank with very many steps
+    # (a short repeating kernel sequence) keeps only its last step apart (where the job ends)
+    rank_code, _ = pd.factorize(ops["rank"].to_numpy())
+    last_step = np.full(int(rank_code.max(initial=-1)) + 1, -1, dtype=np.int64)
+    np.maximum.at(last_step, rank_code, step_of)
+    steps_of_rank = last_step[rank_code]
+    split_steps = np.where(steps_of_rank > MAX_STEP_SPLITS, step_of == steps_of_rank, step_of)
     boundary = np.ones(n, dtype=bool)
     j, p_ = chain[~first], prev[chain[~first]]
-    boundary[j] = (comm[j] | comm[p_] | (producer[j] >= 0) | needed[p_] | (step_of[j] != step_of[p_])
+    boundary[j] = (comm[j] | comm[p_] | (producer[j] >= 0) | needed[p_] | (split_steps[j] != split_steps[p_])
                    | (tid[j] != tid[p_]) | (epoch[j] != epoch[p_]) | ((lnch[j] < 0) != (lnch[p_] < 0)))  # fmt: skip
     seg_in_chain = np.cumsum(boundary[chain]) - 1
     seg = np.empty(n, dtype=np.int64)
@@ -251,8 +266,14 @@ def build_part(
                               EDGE["event"]))  # fmt: skip
     # nothing known gates the segment's first op: its start is fixed
     unbound = fixed[head]
-    edge_frames.append(_edges(np.full(int(unbound.sum()), NONE), into[unbound],
-                              (s_head + np.where(is_comm_seg, 0.0, seg_total - gs_head))[unbound], EDGE["fixed"]))
+    edge_frames.append(
+        _edges(
+            np.full(int(unbound.sum()), NONE),
+            into[unbound],
+            (s_head + np.where(is_comm_seg, 0.0, seg_total - gs_head))[unbound],
+            EDGE["fixed"],
+        )
+    )
     # NCCL kernels: arrival -> end by the kernel's duration (the reduce replaces it by the join)
     edge_frames.append(_edges(seg_node[is_comm_seg], end_node[is_comm_seg], (e - s)[head[is_comm_seg]].astype(float),
                               EDGE["transfer"]))  # fmt: skip
@@ -289,7 +310,6 @@ def _launch_latency(s: np.ndarray, e: np.ndarray, prev: np.ndarray, lnch: np.nda
     ok = free & (lat >= 0) & (lat <= _MAX_LATENCY_NS)
     if not ok.any():
         return out
-    frame = pd.DataFrame({"pid": pid[ok], "lat": lat[ok]})
-    per = frame.groupby("pid")["lat"].median()
-    found = pd.Series(pid).map(per).to_numpy(dtype=np.float64)
-    return np.where(np.isnan(found), out, found)
+    for p in distinct(pid[ok]).tolist():  # a handful of processes per export
+        out[pid == p] = float(np.median(lat[ok & (pid == p)]))
+    return out

@@ -12,11 +12,12 @@ communication) read it; so does the report.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
+from nsysan.arrays import distinct
 from nsysan.attribution import clock as clocks
 from nsysan.attribution import comm as comm_table
 from nsysan.attribution.breakdown import CATEGORIES, COPY_COLUMNS
@@ -42,7 +43,7 @@ class JobGraph:
     topo: Topology
     node_base: list[int]  # per export, the id of its first node
     end_nodes: np.ndarray  # the nodes of each rank's last step: the job ends with the latest of them
-    start_nodes: np.ndarray  # each rank's first node: the job starts with the earliest of their starts
+    start_nodes: np.ndarray  # per rank, what its first operation's start moves with (its launch's epoch; 0: fixed)
     start_lead: np.ndarray  # per start node, its time less its rank's first step's start
     origin_ns: int  # the job-clock time of the graph's time 0
 
@@ -127,8 +128,8 @@ class JobAttribution:
         edits = []
         keep = shift > 0
         if keep.any():
-            edits.append(Edit("earlier_launch", nodes=tuple(int(v) for v in mine[keep]),
-                              amounts=tuple(float(x) for x in shift[keep])))  # fmt: skip
+            edits.append(Edit("earlier_launch", nodes=tuple(np.asarray(mine[keep], dtype=np.int64).tolist()),
+                              amounts=tuple(np.asarray(shift[keep], dtype=np.float64).tolist())))  # fmt: skip
         # the next blocking call of each epoch with lost time: the host got there that much sooner
         per_epoch = lost.groupby("epoch")["ns"].sum()
         host_rows = np.flatnonzero(kind == EDGE["host"])
@@ -137,9 +138,26 @@ class JobAttribution:
         calls = nxt.reindex(per_epoch.index.to_numpy()).to_numpy()
         ok = ~np.isnan(calls)
         if ok.any():
-            edits.append(Edit("earlier_host", nodes=tuple(int(v) for v in calls[ok]),
-                              amounts=tuple(float(x) for x in per_epoch.to_numpy()[ok])))  # fmt: skip
+            edits.append(Edit("earlier_host", nodes=tuple(np.asarray(calls[ok], dtype=np.int64).tolist()),
+                              amounts=tuple(np.asarray(per_epoch.to_numpy()[ok], dtype=np.float64).tolist())))  # fmt: skip
         return tuple(edits)
+
+    def host_unblock(self, rank: int, steps: np.ndarray, causes: list[int]) -> tuple[Edit, ...]:
+        """Edits for a host that never blocked where ``rank``'s GPU idled for ``causes`` (a
+        synchronize, a full launch queue) in ``steps``: the blocking calls whose return the launches
+        after those gaps waited for no longer wait for the GPU (their host work stays)."""
+        if self.graph is None or self.gaps.empty:
+            return ()
+        g = self.gaps
+        sel = (g["rank"] == rank) & g["step"].isin(steps) & g["cause"].isin(causes) & (g["node"] >= 0)
+        nodes = g.loc[sel.to_numpy(), "node"].to_numpy(dtype=np.int64)
+        if not len(nodes):
+            return ()
+        topo, kind = self.graph.topo, self.graph.edges["kind"].to_numpy()
+        rows, _ = _in_edges(topo, nodes)
+        epochs = distinct(topo.src[rows[kind[rows] == EDGE["launch"]]])
+        epochs = epochs[self.graph.nodes["kind"].to_numpy()[epochs] == KIND["epoch"]] if len(epochs) else epochs
+        return (Edit("unblock", nodes=tuple(epochs.tolist())),) if len(epochs) else ()
 
     def comm_nodes(self, ops: np.ndarray, kind: str) -> np.ndarray:
         """The graph nodes (``kind`` "arrival" or "end") of NCCL operations ``ops`` (-1: none)."""
@@ -167,85 +185,93 @@ class JobAttribution:
                                                                           else 0.0)  # fmt: skip
         for lo in range(0, len(causes), _CHUNK):
             chunk = causes[lo : lo + _CHUNK]
-            shifts = replay(g.topo, [self._edge_edits(c) for c in chunk])
-            new_end = _moved(end_times, g.end_nodes, shifts, len(chunk))
-            new_start = _moved(start_times, g.start_nodes, shifts, len(chunk))
+            shifts = replay(g.topo, [self._edge_edits(c) for c in chunk], np.concatenate([g.end_nodes, g.start_nodes]))
+            new_end = end_times[:, None] + shifts[: len(end_times)]
+            new_start = start_times[:, None] + shifts[len(end_times) :]
             wall = new_end.max(axis=0) - (new_start.min(axis=0) if len(start_times) else 0.0)
             out[lo : lo + len(chunk)] = np.maximum(actual - wall, 0.0)
         return out
 
     def _edge_edits(self, cause: Cause) -> dict[int, float]:
-        """A cause's edits as {edge row: new weight} on the job graph."""
+        """A cause's edits as {edge row: new weight} on the job graph, computed a whole edit at a
+        time: the in-edges of its nodes gathered from the topology's CSR, their new weights in numpy."""
         assert self.graph is not None
         topo, nodes = self.graph.topo, self.graph.nodes
         kind = self.graph.edges["kind"].to_numpy()
-        work = nodes["work_ns"].to_numpy()
-        out: dict[int, float] = {}
-
-        def in_rows(v: int) -> np.ndarray:
-            return topo.in_rows[topo.in_start[v] : topo.in_start[v + 1]]
-
-        def lower(rows: np.ndarray, by: float) -> None:
-            for r in rows.tolist():
-                out[r] = min(out.get(r, topo.weight[r]), topo.weight[r] - by)
-
-        def drop(rows: np.ndarray, of: np.ndarray) -> None:
-            keep = np.setdiff1d(of, rows)
-            if len(keep):  # a node keeps at least one constraint
-                for r in rows.tolist():
-                    out[r] = -np.inf
-
+        rows_all: list[np.ndarray] = []
+        new_all: list[np.ndarray] = []
         for action, ids, amounts in self.nodes_of(cause):
-            for i, v in enumerate(ids.tolist()):
-                if v <= 0 or v >= topo.n:
-                    continue
-                rows = in_rows(v)
-                if action == "shorten":
-                    lower(rows, min(float(amounts[i]) if i < len(amounts) else 0.0, float(work[v])))
-                elif action == "scale":
-                    fc = float(amounts[2 * i]) if 2 * i < len(amounts) else 1.0
-                    fy = float(amounts[2 * i + 1]) if 2 * i + 1 < len(amounts) else 1.0
-                    lower(rows, (1 - fc) * nodes["compute_ns"].iat[v] + (1 - fy) * nodes["copy_ns"].iat[v])
-                elif action == "no_gap":
-                    slack = topo.time[v] - topo.time[topo.src[rows]] - topo.weight[rows]
-                    lower(rows[slack <= 0.5], float(amounts[i]) if i < len(amounts) else 0.0)
-                elif action == "no_launch_wait":
-                    drop(rows[kind[rows] == EDGE["launch"]], rows)
-                elif action == "earlier_launch":
-                    lower(rows[kind[rows] == EDGE["launch"]], float(amounts[i]) if i < len(amounts) else 0.0)
-                elif action == "earlier_host":
-                    lower(rows[kind[rows] == EDGE["host"]], float(amounts[i]) if i < len(amounts) else 0.0)
-                elif action == "no_stream_order":
-                    drop(rows[kind[rows] == EDGE["stream"]], rows)
-                elif action == "unblock":
-                    drop(rows[kind[rows] == EDGE["sync"]], rows)
-                elif action == "no_transfer":
-                    for r in rows[kind[rows] == EDGE["transfer"]].tolist():
-                        out[r] = min(out.get(r, topo.weight[r]), 0.0)
-        return out
+            ok = (ids > 0) & (ids < topo.n)
+            ids, per = ids[ok], _per_node(amounts, len(ok))[ok] if action != "scale" else None
+            if action == "scale":
+                pairs = amounts.reshape(-1, 2) if len(amounts) == 2 * len(ok) else np.ones((len(ok), 2))
+                pairs = pairs[ok]
+                per = ((1 - pairs[:, 0]) * nodes["compute_ns"].to_numpy()[ids]
+                       + (1 - pairs[:, 1]) * nodes["copy_ns"].to_numpy()[ids])  # fmt: skip
+            assert per is not None
+            rows, which = _in_edges(topo, ids)
+            by = per[which]
+            if action in ("shorten", "scale"):
+                by = np.minimum(by, nodes["work_ns"].to_numpy()[ids][which]) if action == "shorten" else by
+                new = topo.weight[rows] - by
+            elif action == "no_gap":
+                binding = topo.time[topo.dst[rows]] - topo.time[topo.src[rows]] - topo.weight[rows] <= 0.5
+                rows, new = rows[binding], (topo.weight[rows] - by)[binding]
+            elif action in ("earlier_launch", "earlier_host"):
+                pick = kind[rows] == EDGE["launch" if action == "earlier_launch" else "host"]
+                rows, new = rows[pick], (topo.weight[rows] - by)[pick]
+            elif action == "no_transfer":
+                pick = kind[rows] == EDGE["transfer"]
+                rows, new = rows[pick], np.minimum(topo.weight[rows][pick], 0.0)
+            elif action in ("no_launch_wait", "no_stream_order", "unblock"):
+                target = {"no_launch_wait": "launch", "no_stream_order": "stream", "unblock": "sync"}[action]
+                pick = kind[rows] == EDGE[target]
+                # a node keeps at least one constraint: only nodes with another in-edge lose this one
+                others = np.bincount(which[~pick], minlength=len(ids)) > 0
+                pick &= others[which]
+                rows, new = rows[pick], np.full(int(pick.sum()), -np.inf)
+            else:
+                continue
+            rows_all.append(rows)
+            new_all.append(new)
+        if not rows_all:
+            return {}
+        rows = np.concatenate(rows_all)
+        new = np.concatenate(new_all)
+        order = np.lexsort((new, rows))  # the lowest weight per edge wins where edits overlap
+        rows, new = rows[order], new[order]
+        first = np.concatenate([[True], rows[1:] != rows[:-1]])
+        return dict(zip(rows[first].tolist(), new[first].tolist(), strict=True))
 
     def document(self) -> dict[str, Any]:
         """The report's ``steps`` section (docs/report.md)."""
         ranks: dict[str, Any] = {}
         b = self.breakdown
-        for rank, g in b.groupby("rank", sort=True):
-            g = g.sort_values("step")
-            ranks[str(int(rank))] = {  # type: ignore[call-overload]
+        for rank, rows in sorted(b.groupby("rank").indices.items()):
+            g = b.iloc[rows].sort_values("step")
+            ranks[str(int(cast(int, rank)))] = {
                 "export": int(g["export"].iloc[0]),
-                "start_ns": [int(v) for v in g["start_ns"]],
-                "end_ns": [int(v) for v in g["end_ns"]],
-                "breakdown_ns": {c: [int(v) for v in g[c]] for c in CATEGORIES},
-                "idle_causes_ns": {c: [int(v) for v in g[f"idle_{c}_ns"]] for c in IDLE_CAUSES},
+                "start_ns": g["start_ns"].to_numpy(dtype=np.int64).tolist(),
+                "end_ns": g["end_ns"].to_numpy(dtype=np.int64).tolist(),
+                "breakdown_ns": {c: g[c].to_numpy(dtype=np.int64).tolist() for c in CATEGORIES},
+                "idle_causes_ns": {c: g[f"idle_{c}_ns"].to_numpy(dtype=np.int64).tolist() for c in IDLE_CAUSES},
             }
         return {
             "version": STEPS_VERSION,
             "source": self.source,
             "detail": self.detail,
-            "clock": {"method": self.clock.method, "uncertainty_ns": int(self.clock.uncertainty_ns),
-                      "offsets_ns": [int(o) for o in self.clock.offsets]},  # fmt: skip
-            "job": {"start_ns": int(self.job_start_ns), "end_ns": int(self.job_end_ns), "wall_ns": int(self.wall_ns),
-                    "critical_rank": self.critical_ranks(), "graph_nodes": 0 if self.graph is None
-                    else int(self.graph.topo.n)},  # fmt: skip
+            "clock": {
+                "method": self.clock.method,
+                "uncertainty_ns": int(self.clock.uncertainty_ns),
+                "offsets_ns": [int(o) for o in self.clock.offsets],
+            },
+            "job": {
+                "start_ns": int(self.job_start_ns),
+                "end_ns": int(self.job_end_ns),
+                "wall_ns": int(self.wall_ns),
+                "critical_rank": self.critical_ranks(),
+                "graph_nodes": 0 if self.graph is None else int(self.graph.topo.n),
+            },
             "ranks": ranks,
             "unjudged": list(self.unjudged),
         }
@@ -264,7 +290,7 @@ def reduce_attribution(
     parts: list[AttributionPart], utc: list[int], matching: comm_table.Matching, notes: list[str] | None = None
 ) -> JobAttribution:
     """The job's attribution from every export's part (in export order) and each export's UTC
-    offset to the job clock (``Trace.job_clock``)."""
+    offset to the job clock (``Trace.job_clock``). The parts' NCCL tables are consumed (joined)."""
     notes = notes if notes is not None else []
     unjudged: list[dict[str, Any]] = []
     sources = [p.source for p in parts if p.source]
@@ -285,7 +311,9 @@ def reduce_attribution(
 
     # the clock: UTC, corrected by coinciding NCCL ends, then refined on matched operations
     ends = [p.comm["end_ns"].to_numpy(dtype=np.int64) for p in parts]
-    offsets, decided = clocks.coarse(ends, utc) if len(parts) > 1 else (list(utc), [False] * len(parts))
+    for p in parts:  # held once, by the join: 10M operations at 1,024 ranks
+        p.comm = p.comm.iloc[0:0]
+    offsets, _decided = clocks.coarse(ends, utc) if len(parts) > 1 else (list(utc), [False] * len(parts))
     participants = None
     group = np.full(len(comm), -1, dtype=np.int64)
     if len(comm):
@@ -294,7 +322,7 @@ def reduce_attribution(
         _number_communicators(comm, legs)
         if on["rank"].nunique() >= 2:
             participants = comm_table.participants(on, matching, notes, legs)
-            group = participants.clock_groups()
+            group = participants.clock_groups(comm["p2p"].to_numpy(dtype=bool))
         refined, uncertainty, spanning = clocks.refine(offsets, comm[["export", "end_ns"]], group)
         if len(parts) > 1 and spanning >= clocks.MIN_MATCHES:
             offsets = refined
@@ -331,8 +359,9 @@ def reduce_attribution(
                                  a_end=windows["end_ns"].to_numpy() + offset_of[ex])  # fmt: skip
     breakdown = _split_communication(parts, comm, comm_base, offset_of, unjudged)
     if source == "capture" and len(windows):
-        for rank, w in windows.groupby("rank"):
-            unjudged.append({"detector": "steps", "rank": int(rank),  # type: ignore[call-overload]
+        for rank, rows in windows.groupby("rank").indices.items():
+            w = windows.iloc[rows]
+            unjudged.append({"detector": "steps", "rank": int(cast(int, rank)),
                              "ns": int((w["end_ns"] - w["start_ns"]).sum()),
                              "why": "no NVTX step ranges and no repeating kernel sequence: the capture counts as one "
                                     "step (pass --step-pattern to name the step ranges)"})  # fmt: skip
@@ -351,14 +380,20 @@ def reduce_attribution(
                           unjudged, notes, gaps)  # fmt: skip
 
 
-def _moved(times: np.ndarray, nodes: np.ndarray, shifts: dict[int, np.ndarray], scenarios: int) -> np.ndarray:
-    """``times`` of ``nodes`` (nodes x scenarios) after a replay's ``shifts``."""
-    out = np.tile(times[:, None], (1, scenarios))
-    for i, node in enumerate(nodes.tolist()):
-        s = shifts.get(node)
-        if s is not None:
-            out[i] += s
+def _per_node(amounts: np.ndarray, n: int) -> np.ndarray:
+    """An edit's amounts, one per node (0 where the edit gave none)."""
+    out = np.zeros(n)
+    out[: min(n, len(amounts))] = amounts[:n]
     return out
+
+
+def _in_edges(topo: Topology, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The in-edge rows of nodes ``ids`` and, per row, the position in ``ids`` of its node."""
+    lo, hi = topo.in_start[ids], topo.in_start[ids + 1]
+    n = hi - lo
+    which = np.repeat(np.arange(len(ids)), n)
+    at = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+    return topo.in_rows[at], which
 
 
 def _legs_on_job(legs: pd.DataFrame | None, comm: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame | None:
@@ -426,8 +461,16 @@ def _split_communication(
     comm_exposed = np.minimum(transfer.to_numpy(), b["comm_ns"].to_numpy())
     out = b.assign(communication_exposed=comm_exposed, waiting_for_peer=b["comm_ns"].to_numpy() - comm_exposed,
                    compute=b["compute_ns"], copy_exposed=b["copy_ns"], idle=b["idle_ns"])  # fmt: skip
-    cols = ["export", "rank", "step", "start_ns", "end_ns", *CATEGORIES, *(f"idle_{c}_ns" for c in IDLE_CAUSES),
-            *COPY_COLUMNS]
+    cols = [
+        "export",
+        "rank",
+        "step",
+        "start_ns",
+        "end_ns",
+        *CATEGORIES,
+        *(f"idle_{c}_ns" for c in IDLE_CAUSES),
+        *COPY_COLUMNS,
+    ]
     return out[cols].sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
 
 
@@ -490,13 +533,13 @@ def _assemble(
         feeds = [pd.DataFrame({"key": g[coll], "op": coll})]
         follows = [pd.DataFrame({"key": g[coll], "op": coll})]
         if participants is not None and len(participants.edges):
-            p = participants.partners()
-            p = p[(arrival_of[p["i"].to_numpy()] >= 0) & (end_of[p["i"].to_numpy()] >= 0)
-                  & (arrival_of[p["j"].to_numpy()] >= 0)]  # fmt: skip
+            pairs = participants.partners()
+            pairs = pairs[(arrival_of[pairs["i"].to_numpy()] >= 0) & (end_of[pairs["i"].to_numpy()] >= 0)
+                          & (arrival_of[pairs["j"].to_numpy()] >= 0)]  # fmt: skip
             base = int(g.max(initial=-1)) + 1
-            own = np.unique(p["i"].to_numpy())
+            own = distinct(pairs["i"].to_numpy())
             feeds += [pd.DataFrame({"key": base + own, "op": own}),
-                      pd.DataFrame({"key": base + p["i"].to_numpy(), "op": p["j"].to_numpy()})]  # fmt: skip
+                      pd.DataFrame({"key": base + pairs["i"].to_numpy(), "op": pairs["j"].to_numpy()})]  # fmt: skip
             follows.append(pd.DataFrame({"key": base + own, "op": own}))
         feed = pd.concat(feeds, ignore_index=True).drop_duplicates()
         follow = pd.concat(follows, ignore_index=True)
@@ -512,7 +555,12 @@ def _assemble(
             transfer = time[end_ids] - jt[fj]
             joinable = transfer >= 0  # an end before the last arrival: clock error; that op keeps its own duration
             drop_transfer = np.isin(dst, end_ids[joinable]) & (kind == EDGE["transfer"])
-            src, dst, weight, kind = src[~drop_transfer], dst[~drop_transfer], weight[~drop_transfer], kind[~drop_transfer]
+            src, dst, weight, kind = (
+                src[~drop_transfer],
+                dst[~drop_transfer],
+                weight[~drop_transfer],
+                kind[~drop_transfer],
+            )
             join_id = len(node_table) + np.arange(len(uniques))
             src = np.concatenate([src, arrival_of[feed["op"].to_numpy()], join_id[fj[joinable]]])
             dst = np.concatenate([dst, join_id[codes], end_ids[joinable]])
@@ -555,6 +603,16 @@ def _assemble(
     in_first = np.flatnonzero((st >= 0) & (st == pd.Series(r).map(first_step).to_numpy()) & (r >= 0))
     by_rank = pd.DataFrame({"rank": r[in_first], "node": in_first, "t": time[in_first]}).sort_values("t")
     first_nodes = by_rank.drop_duplicates("rank")
-    start_nodes = first_nodes["node"].to_numpy(dtype=np.int64)
+    # a rank starts when its first operation does: when its launch let it (the launching thread's
+    # epoch, which a fix upstream of the first launch moves), not when its first segment ends
+    # (removing that segment's work moves the end, not the start)
+    first = first_nodes["node"].to_numpy(dtype=np.int64)
+    start_nodes = np.zeros(len(first), dtype=np.int64)  # the source: never moves
+    rows, which = _in_edges(topo, first)
+    launch = kind[rows] == EDGE["launch"]
+    slack = topo.time[topo.dst[rows]] - topo.time[topo.src[rows]] - topo.weight[rows]
+    order = np.lexsort((slack[launch], which[launch]))
+    binding = pd.Series(topo.src[rows[launch]][order]).groupby(which[launch][order]).first()
+    start_nodes[binding.index.to_numpy()] = binding.to_numpy()
     lead = time[start_nodes] - (starts.reindex(first_nodes["rank"]).to_numpy(dtype=np.float64) - origin)
-    return JobGraph(node_table, edges, topo, node_base, end_nodes, start_nodes, np.maximum(lead, 0.0), origin)
+    return JobGraph(node_table, edges, topo, node_base, end_nodes, start_nodes, lead, origin)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,7 @@ from nsysan.attribution import comm as comm_table
 from nsysan.attribution.breakdown import GAP_COLUMNS, MAP_COLUMNS, PIECE_COLUMNS, rank_breakdown
 from nsysan.attribution.events import event_edges, graph_edges
 from nsysan.attribution.graph import GraphPart, build_part
-from nsysan.attribution.host import queue_full_rows, blocking_calls, data_loading, launches
+from nsysan.attribution.host import blocking_calls, data_loading, launches, queue_full_rows
 from nsysan.findings import Cause, Edit, Finding
 from nsysan.ingest.frames import concat_frames
 from nsysan.ingest.trace import Trace
@@ -45,7 +46,7 @@ class AttributionPart:
 
     def with_export(self, index: int) -> AttributionPart:
         """The same part with every ``export`` column set to ``index``, the export's place in the job."""
-        tables = {name: getattr(self, name).assign(export=np.int64(index))
+        tables = {name: getattr(self, name).assign(export=np.int32(index))  # narrow: the reduce holds every op
                   for name in ("windows", "breakdown", "pieces", "gaps", "comm", "legs", "members")}  # fmt: skip
         return dataclasses.replace(self, **tables)
 
@@ -102,26 +103,32 @@ def map_attribution(trace: Trace, step_pattern: str, findings: dict[str, list[Fi
     # each op's step: the window of its rank holding its start (-1: outside every step)
     step_of = np.full(len(ops), -1, dtype=np.int64)
     tables, pieces, gaps = [], [], []
+    # the breakdown's columns only: a rank's rows of every column (names included) cost 10x more to take
+    slim = ops[
+        ["export", "pid", "device", "stream", "start_ns", "end_ns", "what", "bytes", "pageable", "copy_kind", "row"]
+    ]
     by_rank = ops.groupby("rank").indices
-    for rank, w in windows.groupby("rank"):
-        rows = by_rank.get(int(rank))  # type: ignore[call-overload]
+    for rank, at_rows in windows.groupby("rank").indices.items():
+        rank = int(cast(int, rank))
+        rows = by_rank.get(rank)
         if rows is None:
             continue
-        w = w.sort_values("start_ns")
+        w = windows.iloc[at_rows].sort_values("start_ns")
         starts, ends = w["start_ns"].to_numpy(), w["end_ns"].to_numpy()
         at = np.searchsorted(starts, ops["start_ns"].to_numpy()[rows], side="right") - 1
         inside = (at >= 0) & (ops["start_ns"].to_numpy()[rows] < ends[np.maximum(at, 0)])
         step_of[rows[inside]] = w["step"].to_numpy()[at[inside]]
-        t, pc, gp = rank_breakdown(ops.iloc[rows], w, launch.iloc[rows], host)
-        tables.append(t.assign(export=0, rank=int(rank)))  # type: ignore[call-overload]
-        pieces.append(pc.assign(export=0, rank=int(rank)))  # type: ignore[call-overload]
-        gaps.append(gp.assign(export=0, rank=int(rank)))  # type: ignore[call-overload]
+        t, pc, gp = rank_breakdown(slim.iloc[rows], w, launch.iloc[rows], host)
+        tables.append(t.assign(export=0, rank=rank))
+        pieces.append(pc.assign(export=0, rank=rank))
+        gaps.append(gp.assign(export=0, rank=rank))
 
     nccl_rows = np.flatnonzero(ops["what"].to_numpy() == 1)
     comm_of = np.full(len(ops), -1, dtype=np.int64)
     comm_of[nccl_rows] = np.arange(len(nccl_rows))
     nccl = ops.iloc[nccl_rows][["export", "rank", "pid", "device", "stream", "correlation_id", "start_ns", "end_ns",
                                 "short_name", "nccl_kind", "row"]]  # fmt: skip
+    nccl = nccl.assign(**{c: launch[c].to_numpy()[nccl_rows] for c in ("tid", "launch_ns", "launched_ns")})
     comm, legs = comm_table.comm_ops(trace, nccl)
     comm = comm.assign(op=np.arange(len(nccl_rows)))
     members = comm_table.members(comm_table.calls_with_communicator(trace))
@@ -130,15 +137,15 @@ def map_attribution(trace: Trace, step_pattern: str, findings: dict[str, list[Fi
     replays = graph_edges(ops)  # the CUDA graphs' own dependencies, where no event says more
     events = pd.concat([events, replays[~replays["consumer"].isin(events["consumer"])]], ignore_index=True)
     # a launch that blocked on a full queue enqueued its work only when it returned
-    if len(blocking):
-        keys = ["export", "pid", "correlation_id"]
-        ret = blocking[blocking["correlation_id"] >= 0][[*keys, "end_ns"]].drop_duplicates(keys)
-        hit = ops[keys].astype("int64").merge(ret, on=keys, how="left")["end_ns"].to_numpy()
+    keys = ["export", "pid", "correlation_id"]
+    ret = blocking[(blocking["correlation_id"] >= 0) & (blocking["kind"] == "blocked_launch")][[*keys, "end_ns"]]
+    if len(ret):
+        hit = ops[keys].astype("int64").merge(ret.drop_duplicates(keys), on=keys, how="left")["end_ns"].to_numpy()
         late = ~np.isnan(hit)
         launch.loc[late, "launch_ns"] = hit[late].astype(np.int64)
     graph, op_node, call_node = build_part(ops, launch, blocking, events, step_of, comm_of)
 
-    breakdown = (pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MAP_COLUMNS))
+    breakdown = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MAP_COLUMNS)
     piece_table = pd.concat(pieces, ignore_index=True) if pieces else pd.DataFrame(columns=PIECE_COLUMNS)
     piece_table = piece_table.assign(op=comm_of[piece_table["row"].to_numpy(dtype=np.int64)]
                                      if len(piece_table) else np.empty(0, dtype=np.int64)).drop(columns="row")  # fmt: skip
@@ -150,33 +157,56 @@ def map_attribution(trace: Trace, step_pattern: str, findings: dict[str, list[Fi
         source=steps.source, detail=steps.detail, windows=windows[WINDOW_COLUMNS], breakdown=breakdown,
         pieces=piece_table, gaps=gap_table, comm=comm, legs=legs, members=members, graph=graph,
     )  # fmt: skip
-    resolved = {kind: [_resolve(f, ops, op_node, call_node) for f in found] for kind, found in (findings or {}).items()}
+    resolver = _Resolver(ops, op_node, call_node)
+    resolved = {kind: [resolver.finding(f) for f in found] for kind, found in (findings or {}).items()}
     return part, resolved
 
 
-def _resolve(f: Finding, ops: pd.DataFrame, op_node: np.ndarray, call_node: pd.DataFrame) -> Finding:
-    """``f`` with its cause's operations (device, start_ns) and host calls (pid, tid, start_ns)
-    turned into graph nodes; what names nothing in the graph is left out."""
-    if f.cause is None or not any(e.ops or e.calls for e in f.cause.edits):
-        return f
-    key = ops["device"].to_numpy(dtype=np.int64) * (1 << 44) + ops["start_ns"].to_numpy(dtype=np.int64)
-    order = np.argsort(key, kind="stable")
-    sorted_key = key[order]
-    calls = {(int(p), int(t), int(s)): int(n) for p, t, s, n in call_node.itertuples(index=False)}
-    edits = []
-    for e in f.cause.edits:
-        if e.calls:
-            nodes = [calls[c] for c in e.calls if c in calls]
-            edits.append(Edit(e.action, nodes=tuple(nodes)))
-            continue
-        if not e.ops:
-            edits.append(e)
-            continue
-        want = np.array([d * (1 << 44) + s for d, s in e.ops], dtype=np.int64)
+class _Resolver:
+    """Turns findings' operations (device, start_ns) and host calls (pid, tid, start_ns) into graph
+    nodes; the lookups are built once, on the first finding that needs them."""
+
+    def __init__(self, ops: pd.DataFrame, op_node: np.ndarray, call_node: pd.DataFrame) -> None:
+        self._ops, self._op_node, self._call_node = ops, op_node, call_node
+        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+        self._calls: dict[tuple[int, int, int], int] | None = None
+
+    def op_nodes(self, ops: tuple[tuple[int, int], ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The nodes of ``ops`` found, and which of ``ops`` they are."""
+        if self._sorted is None:
+            key = self._ops["device"].to_numpy(dtype=np.int64) * (1 << 44) + self._ops["start_ns"].to_numpy(
+                dtype=np.int64
+            )
+            order = np.argsort(key, kind="stable")
+            self._sorted = key[order], order
+        sorted_key, order = self._sorted
+        want = np.array([d * (1 << 44) + s for d, s in ops], dtype=np.int64)
         at = np.searchsorted(sorted_key, want)
         ok = (at < len(sorted_key)) & (sorted_key[np.minimum(at, len(sorted_key) - 1)] == want)
-        nodes = op_node[order[at[ok]]]
-        amounts = np.asarray(e.amounts, dtype=np.float64)
-        amounts = amounts[ok] if len(amounts) == len(want) else amounts
-        edits.append(Edit(e.action, nodes=tuple(int(n) for n in nodes), amounts=tuple(float(a) for a in amounts)))
-    return dataclasses.replace(f, cause=Cause(f.cause.family, tuple(edits), export=0))
+        return self._op_node[order[at[ok]]], ok
+
+    def call_nodes(self, calls: tuple[tuple[int, int, int], ...]) -> list[int]:
+        if self._calls is None:
+            c = self._call_node
+            keys = zip(c["pid"].tolist(), c["tid"].tolist(), c["start_ns"].tolist(), strict=True)
+            self._calls = dict(zip(keys, c["node"].tolist(), strict=True))
+        return [self._calls[c] for c in calls if c in self._calls]
+
+    def finding(self, f: Finding) -> Finding:
+        """``f`` with its cause's operations and calls turned into graph nodes; what names nothing
+        in the graph is left out."""
+        if f.cause is None or not any(e.ops or e.calls for e in f.cause.edits):
+            return f
+        edits = []
+        for e in f.cause.edits:
+            if e.calls:
+                edits.append(Edit(e.action, nodes=tuple(self.call_nodes(e.calls))))
+                continue
+            if not e.ops:
+                edits.append(e)
+                continue
+            nodes, ok = self.op_nodes(e.ops)
+            amounts = np.asarray(e.amounts, dtype=np.float64)
+            amounts = amounts[ok] if len(amounts) == len(ok) else amounts
+            edits.append(Edit(e.action, nodes=tuple(nodes.tolist()), amounts=tuple(amounts.tolist())))
+        return dataclasses.replace(f, cause=Cause(f.cause.family, tuple(edits), export=0))

@@ -11,20 +11,28 @@ An edge with slack was not binding; it binds again only if the others move furth
 slack. A node none of whose in-edges' shifts reach it keeps its time and stops the replay there
 (a launch the host issued at a fixed time pins its work: a cause upstream cannot move it).
 
-Several scenarios (one per finding, and one per family of findings) replay together: a shift is a
-vector over scenarios, and only nodes whose shift is below zero in some scenario are visited. A
-sorted queue of topological positions does the visiting; a node is computed once, after every
-predecessor that moved.
+Several scenarios (one per finding, and one per family of findings) replay together; each is a
+shortest-path search (:func:`replay`).
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import dijkstra
 
 EPSILON_NS = 0.5
+
+
+@dataclass
+class _Csr:
+    order: np.ndarray  # edge rows sorted by (source, destination)
+    starts: np.ndarray  # where each (source, destination) pair starts in ``order``
+    indptr: np.ndarray
+    indices: np.ndarray
+    floor: np.ndarray  # per node, the super-source's edge: 0 for nodes with no in-edges, else its time
 
 
 @dataclass
@@ -41,6 +49,7 @@ class Topology:
     in_rows: np.ndarray
     out_start: np.ndarray
     out_rows: np.ndarray
+    _csr: _Csr | None = None
 
     @classmethod
     def build(cls, time: np.ndarray, src: np.ndarray, dst: np.ndarray, weight: np.ndarray) -> Topology:
@@ -66,54 +75,59 @@ class Topology:
         out_start = np.searchsorted(src[out_rows], np.arange(n + 1), side="left")
         return cls(n, time, src, dst, weight, position, in_start, in_rows, out_start, out_rows)
 
+    def csr(self) -> _Csr:
+        """The edges as a sparse matrix's structure, built on first use: one entry per (source,
+        destination) pair (parallel edges keep the least slack), and a super-source (row ``n``)."""
+        if self._csr is None:
+            order = np.lexsort((self.dst, self.src))
+            s, d = self.src[order], self.dst[order]
+            first = np.ones(len(s), dtype=bool)
+            first[1:] = (s[1:] != s[:-1]) | (d[1:] != d[:-1])
+            starts = np.flatnonzero(first)
+            indptr = np.concatenate([np.searchsorted(s[starts], np.arange(self.n + 1)), [len(starts) + self.n]])
+            indices = np.concatenate([d[starts], np.arange(self.n)])
+            has_in = np.diff(self.in_start) > 0
+            floor = np.where(has_in, np.maximum(self.time, 0.0), 0.0)
+            self._csr = _Csr(order, starts, indptr, indices, floor)
+        return self._csr
+
     def slack(self) -> np.ndarray:
         """Per edge, how much later its destination happened than the edge required (>= 0)."""
-        return self.time[self.dst] - self.time[self.src] - self.weight
+        out: np.ndarray = self.time[self.dst] - self.time[self.src] - self.weight
+        return out
 
 
-def replay(topo: Topology, edits: list[dict[int, float]]) -> dict[int, np.ndarray]:
-    """The shifts (new time - recorded time, <= 0) of every node that moved in some scenario.
+def replay(topo: Topology, edits: list[dict[int, float]], nodes: np.ndarray) -> np.ndarray:
+    """The shifts (new time - recorded time, <= 0) of ``nodes`` (nodes x scenarios).
 
-    ``edits``: per scenario, {edge row: new weight} (-inf drops the edge). Returns {node: shifts
-    over the scenarios}; nodes absent did not move in any."""
+    ``edits``: per scenario, {edge row: new weight} (-inf drops the edge).
+
+    How far a node moves, ``d = -shift``, is the least, over its in-edges, of how far the source
+    moved plus the edge's slack: ``d(v) = min(d(u) + slack(u, v))``, a shortest path whose edge
+    costs (the slacks) are never negative, because edits only lower weights. So each scenario is one
+    Dijkstra from a super-source (scipy's, in C): an edge to every node that has no in-edges costs 0
+    (it does not move), and one to every other node costs its time (nothing moves before the job's
+    origin). A vectorised frontier relaxation took one numpy round per node along a chain of moves:
+    150k rounds, 319 s, on the 1M-kernel benchmark; this takes 0.1 s per scenario there.
+    """
     g = len(edits)
-    if g == 0:
-        return {}
-    edited: dict[int, np.ndarray] = {}
+    out = np.zeros((len(nodes), g))
+    if g == 0 or not len(nodes):
+        return out
+    csr = topo.csr()
+    base = topo.slack()
     for k, scenario in enumerate(edits):
-        for edge, w in scenario.items():
-            if edge not in edited:
-                edited[edge] = np.full(g, topo.weight[edge])
-            edited[edge][k] = w
-    shifts: dict[int, np.ndarray] = {}
-    queue: list[tuple[int, int]] = []
-    queued: set[int] = set()
-    for edge in edited:
-        v = int(topo.dst[edge])
-        if v not in queued:
-            queued.add(v)
-            heapq.heappush(queue, (int(topo.position[v]), v))
-    time, src, weight = topo.time, topo.src, topo.weight
-    zero = np.zeros(g)
-    while queue:
-        _, v = heapq.heappop(queue)
-        rows = topo.in_rows[topo.in_start[v] : topo.in_start[v + 1]]
-        best = np.full(g, -np.inf)
-        for r in rows.tolist():
-            u = int(src[r])
-            w = edited.get(r)
-            shift_u = shifts.get(u, zero)
-            if w is None:
-                np.maximum(best, shift_u - (time[v] - time[u] - weight[r]), out=best)
-            else:
-                np.maximum(best, shift_u - (time[v] - time[u] - w), out=best)
-        best = np.minimum(best, 0.0)
-        best = np.maximum(best, -time[v])  # nothing moves before the job's origin
-        if (best < -EPSILON_NS).any():
-            shifts[v] = best
-            for r in topo.out_rows[topo.out_start[v] : topo.out_start[v + 1]].tolist():
-                d = int(topo.dst[r])
-                if d not in queued:
-                    queued.add(d)
-                    heapq.heappush(queue, (int(topo.position[d]), d))
-    return shifts
+        if not scenario:
+            continue
+        rows = np.fromiter(scenario.keys(), dtype=np.int64, count=len(scenario))
+        weight = np.fromiter(scenario.values(), dtype=np.float64, count=len(scenario))
+        slack = base.copy()
+        slack[rows] = np.where(
+            np.isneginf(weight), np.inf, topo.time[topo.dst[rows]] - topo.time[topo.src[rows]] - weight
+        )
+        data = np.concatenate([np.minimum.reduceat(np.maximum(slack[csr.order], 0.0), csr.starts), csr.floor])
+        graph = sp.csr_matrix((data, csr.indices, csr.indptr), shape=(topo.n + 1, topo.n + 1))
+        moved = np.asarray(dijkstra(graph, directed=True, indices=topo.n), dtype=np.float64)[: topo.n]
+        shift = -np.minimum(moved[nodes], csr.floor[nodes])
+        out[:, k] = np.where(shift < -EPSILON_NS, shift, 0.0)
+    return out

@@ -6,8 +6,16 @@ Importing this package registers the built-in detectors, through the same
 
 from nsysan.detect.registry import DetectorSpec, parse_settings, register, registered
 
-BUILTIN = ("nccl_ordering_stall", "graph_allreduce_gap", "comm_compute_slowdown", "command_buffer_full", "late_rank",
-           "gpu_idle", "copy_bound", "exposed_communication")
+BUILTIN = (
+    "nccl_ordering_stall",
+    "graph_allreduce_gap",
+    "comm_compute_slowdown",
+    "command_buffer_full",
+    "late_rank",
+    "gpu_idle",
+    "copy_bound",
+    "exposed_communication",
+)
 
 for _kind in BUILTIN:
     __import__(f"nsysan.detect.{_kind}")

@@ -399,7 +399,7 @@ def _contention_baselines(k: pd.DataFrame, p: Params) -> None:
         return
     # ranks of the export whose own kernels never showed it: the median of the others' (same job,
     # same kind of GPU, same communication)
-    for (export, rank), g in k[blind].groupby(["export", "rank"], dropna=True):
+    for (export, rank), _rows in k[blind].groupby(["export", "rank"], dropna=True):
         key = (int(export), int(rank))  # type: ignore[call-overload]
         others = [c for (e, _), c in found.items() if e == key[0]]
         if key not in found and not others:
@@ -412,10 +412,24 @@ def _contention_baselines(k: pd.DataFrame, p: Params) -> None:
         at = k.index[rows][k.loc[rows, "pos"].isin(stats.index).to_numpy()]
         k.loc[at, "expected"] = k.loc[at, "pos"].map(stats["median"]).to_numpy()
         k.loc[at, "hi"] = k.loc[at, "pos"].map(stats["median"]).to_numpy()
-        k.loc[at, "baseline"] = f"contention factor {1 / (1 - c):.2f} under NCCL"
+        k.loc[at, "baseline"] = _CONTENTION
+        k.loc[at, "contention"] = 1 / (1 - c)
 
 
 _MIN_FIT = 4
+_NONE, _POSITION, _KIN, _CONTENTION = 0, 1, 2, 3  # where a kernel's expected duration came from (column baseline)
+
+
+def _baseline_text(first: pd.Series) -> str:
+    if first["baseline"] == _POSITION:
+        return "clean instances at the same program position"
+    if first["baseline"] == _KIN:
+        return ("clean instances of the same kernel (name, grid, block, NVTX path) elsewhere in the step: "
+                "communication overlaps this position every time")  # fmt: skip
+    return (
+        f"the rank's contention factor {float(first['contention']):.2f} under NCCL, measured on kernels NCCL "
+        "overlapped for varying shares of their time, applied to this position, which NCCL overlaps every time"
+    )
 
 
 def _class_label(mask: int) -> str:
@@ -481,7 +495,8 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
     k = k.sort_values(["export", "device", "start_ns"], kind="stable")
     placed = k["step"] >= 0
     k["ordinal"] = np.where(placed, k.groupby(["export", "device", "sig", "step", "path"]).cumcount(), -1)
-    k["pos"] = k.groupby(["export", "device", "sig", "path", "ordinal"]).ngroup()
+    k["kin"] = k.groupby(["export", "device", "sig", "path"], observed=True).ngroup()  # the same kernel, any ordinal
+    k["pos"] = k.groupby(["kin", "ordinal"]).ngroup()
     k["stepkey"] = k.groupby(["export", "device", "step"]).ngroup()
 
     # clock factors against raw medians (a capped step's own instance cannot move a median of 3),
@@ -495,13 +510,12 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
     stats = _clean_stats(k.loc[k["clean"], ["pos", "corrected"]], "corrected")
     stats = stats[(stats["n"] >= p.min_samples) & (stats["hi"] - stats["lo"] <= p.baseline_spread * stats["expected"])]
     k = k.join(stats[["expected", "hi"]], on="pos")
-    k["baseline"] = np.where(k["expected"].notna(), "position", "")
+    k["baseline"] = np.where(k["expected"].notna(), _POSITION, _NONE).astype(np.int8)
     # a position communication always overlaps (a DDP bucket's backward) has no clean instance: the
     # same kernel doing the same job elsewhere in the step (another layer: same signature and NVTX
     # path, another ordinal) is its baseline, when those clean instances agree as closely
     blind = (k["cls"] > 0) & k["expected"].isna()
     if blind.any():
-        k["kin"] = k.groupby(["export", "device", "sig", "path"], observed=True).ngroup()
         kin = _clean_stats(k.loc[k["clean"], ["kin", "corrected"]].rename(columns={"kin": "pos"}), "corrected")
         kin = kin[(kin["n"] >= max(p.min_samples, 3)) & (kin["hi"] - kin["lo"] <= p.baseline_spread * kin["expected"])]
         fill = k.loc[blind, ["kin"]].join(kin[["expected", "hi"]], on="kin")
@@ -509,8 +523,7 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
         rows = fill.index[found]
         k.loc[rows, "expected"] = fill.loc[found, "expected"]
         k.loc[rows, "hi"] = fill.loc[found, "hi"]
-        k.loc[rows, "baseline"] = "same kernel elsewhere in the step"
-        k = k.drop(columns="kin")
+        k.loc[rows, "baseline"] = _KIN
     _contention_baselines(k, p)
     judged = (k["cls"] > 0) & k["expected"].notna()
     above = (k["corrected"] >= p.min_ratio * k["expected"]) & (k["corrected"] > k["hi"] * (1 + p.clean_margin))
@@ -588,9 +601,16 @@ def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
         pid=int(first["pid"]),
         group=f"{KIND}|rank {rank_text}|device {int(first['device'])}|{name}|grid {grid}|block {block}|{cls}",
         # removed: each slowed instance back at its expected time; one family per kernel and class on every rank
-        cause=Cause(f"{KIND}|{name}|grid {grid}|block {block}|{cls}", (Edit(
-            "shorten", ops=tuple(zip(e["device"].astype(int).tolist(), e["start_ns"].astype(int).tolist(), strict=True)),
-            amounts=tuple(float(x) for x in e["extra"].clip(lower=0))),)),
+        cause=Cause(
+            f"{KIND}|{name}|grid {grid}|block {block}|{cls}",
+            (
+                Edit(
+                    "shorten",
+                    ops=tuple(zip(e["device"].astype(int).tolist(), e["start_ns"].astype(int).tolist(), strict=True)),
+                    amounts=tuple(np.asarray(e["extra"].clip(lower=0), dtype=np.float64).tolist()),
+                ),
+            ),
+        ),
         evidence={
             "kernel": name,
             "short_name": str(first["short_name"]),
@@ -601,11 +621,7 @@ def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
             "step": step,
             "nvtx_path": str(first["path"]) or None,
             "clock_factor": round(float(first["factor"]), 3),
-            "baseline": "clean instances at the same program position" if first["baseline"] == "position"
-            else "clean instances of the same kernel (name, grid, block, NVTX path) elsewhere in the step: "
-            "communication overlaps this position every time" if first["baseline"].startswith("same kernel")
-            else f"the rank's {first['baseline']}, measured on kernels NCCL overlapped for varying shares of their "
-            "time, applied to this position, which NCCL overlaps every time",
+            "baseline": _baseline_text(first),
             "expected_ns": round(expected),
             "actual_ns": [int(d) for d in e["dur"].head(_EVIDENCE_INSTANCES)],
             "expected_per_instance_ns": [round(float(x)) for x in per_instance],

@@ -238,8 +238,17 @@ def _finding(
         group=f"{KIND}|rank {c['rank'] if known and pd.notna(c['rank']) else '?'}|pid {pid if known else '?'}"
         f"|thread {tid if known else '?'}",
         # removed: the blocked launches return at once instead of waiting for the GPU to drain the queue
-        cause=Cause(KIND, (Edit("unblock", calls=tuple(
-            (pid, tid, int(t)) for t in calls["start_ns"].dropna().astype("int64").tolist())),)) if known else None,
+        cause=Cause(
+            KIND,
+            (
+                Edit(
+                    "unblock",
+                    calls=tuple((pid, tid, int(t)) for t in calls["start_ns"].dropna().astype("int64").tolist()),
+                ),
+            ),
+        )
+        if known
+        else None,
         evidence={
             "thread": tid if known else "unknown (overhead rows without globalTid)",
             "thread_name": str(threads.get((export, pid, tid), "")),

@@ -11,7 +11,7 @@ stream.
 
 Removing the cause: the copies of those steps take no GPU time (their data already on the GPU),
 replayed for ``recoverable_ns``: an upper bound for prefetching them on a side stream, which hides
-them only as far as compute lasts. Group: the rank; copy-bound steps on every rank are one family.
+them only as far as compute lasts. Group and family: the whole job (the same input pipeline on every rank).
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def _finding(att: JobAttribution, ep: pd.DataFrame) -> Finding:
     busy = int(ep["copy_busy_ns"].sum())
     pageable = int(ep["copy_pageable_bytes"].sum())
     on_main = int(ep["copy_main_stream_ns"].sum())
-    kinds = {label: (int(ep[f"copy_{k}_bytes"].sum()), int(ep[f"copy_{k}_ns"].sum())) for k, label in COPY_KINDS.items()}
+    kinds = {
+        label: (int(ep[f"copy_{k}_bytes"].sum()), int(ep[f"copy_{k}_ns"].sum())) for k, label in COPY_KINDS.items()
+    }
     kinds = {label: v for label, v in kinds.items() if v[0] or v[1]}
     # the kind that took the most time names the bottleneck (a D2D copy at HBM speed is not one)
     main_kind = max(kinds, key=lambda label: kinds[label][1]) if kinds else None
@@ -88,27 +90,39 @@ def _finding(att: JobAttribution, ep: pd.DataFrame) -> Finding:
     return Finding(
         kind=KIND,
         severity=Severity.INFO,
-        title=(f"Copies exposed on rank {rank}: {exposed / 1e6:.2f} ms ({100 * exposed / max(length, 1):.0f}% of "
-               f"{where}), mostly {(main_kind or 'copies').lower()}: {kbytes / 1e9:.2f} GB at {bandwidth:.1f} GB/s"),  # fmt: skip
+        title=(
+            f"Copies exposed on rank {rank}: {exposed / 1e6:.2f} ms ({100 * exposed / max(length, 1):.0f}% of "
+            f"{where}), mostly {(main_kind or 'copies').lower()}: {kbytes / 1e9:.2f} GB at {bandwidth:.1f} GB/s"
+        ),
         advice=advice,
         start_ns=int(ep["start_ns"].min()),
         end_ns=int(ep["end_ns"].max()),
         impact_ns=exposed,
         rank=rank,
-        group=f"{KIND}|rank {rank}",
+        group=KIND,
         evidence={
             "steps": [first, last],
-            "copy_exposed_ns_per_step": [int(v) for v in ep["amount"]],
+            "copy_exposed_ns_per_step": ep["amount"].to_numpy(dtype=np.int64).tolist(),
             "exposed_share_pct": round(100 * exposed / max(length, 1), 1),
             "bytes": nbytes,
             "copy_busy_ns": busy,
-            "by_kind": {label: {"bytes": b, "busy_ns": t, "gb_per_s": round(b / t, 2) if t else None}
-                        for label, (b, t) in kinds.items()},  # fmt: skip
+            "by_kind": {
+                label: {"bytes": b, "busy_ns": t, "gb_per_s": round(b / t, 2) if t else None}
+                for label, (b, t) in kinds.items()
+            },
             "bandwidth_gb_per_s": round(bandwidth, 2),
             "pageable_bytes": pageable,
             "copy_ns_on_compute_stream": on_main,
             "share_of_run": share_text(exposed, att.wall_ns),
         },
-        cause=Cause(KIND, (Edit("scale", nodes=tuple(int(v) for v in nodes),
-                                amounts=tuple(x for _ in nodes for x in (1.0, 0.0))),)),  # fmt: skip
+        cause=Cause(
+            KIND,
+            (
+                Edit(
+                    "scale",
+                    nodes=tuple(np.asarray(nodes, dtype=np.int64).tolist()),
+                    amounts=tuple(x for _ in nodes for x in (1.0, 0.0)),
+                ),
+            ),
+        ),
     )

@@ -9,8 +9,10 @@ exposed longest.
 
 Removing the cause: those operations' transfers take no time on any of their participants (the
 graph's transfer edges zeroed), replayed for ``recoverable_ns``: what hiding the communication
-completely would save, an upper bound for overlapping it better. Group: the rank; exposed
-communication on every rank is one family.
+completely would save, an upper bound for overlapping it better. Operations that were matched with
+no participant are left out of the edits (how much of their time was transfer is unknown) and
+counted in the evidence (``unmatched_ns``). Group and family: the whole job, whatever the rank
+(the same collectives on every rank; one fix, overlapping them, for all).
 """
 
 from __future__ import annotations
@@ -62,11 +64,20 @@ def _finding(att: JobAttribution, ep: pd.DataFrame) -> Finding:
     c = att.comm
     ends = np.empty(0, dtype=np.int64)
     top: list[dict[str, object]] = []
+    unknown = 0
     if len(c) and "exposed_ns" in c:
         export = int(ep["export"].iloc[0])
         off = att.clock.offsets[export] if export < len(att.clock.offsets) else 0
         lo, hi = int(ep["start_ns"].min()) + off, int(ep["end_ns"].max()) + off
         mine = c[(c["rank"] == rank) & (c["a_start"] >= lo) & (c["a_start"] < hi) & (c["exposed_ns"] > 0)]
+        by_name = mine.groupby(mine["short_name"].astype(str))["exposed_ns"].agg(["sum", "size"])
+        by_name = by_name.sort_values("sum", ascending=False).head(_TOP)
+        top = [{"kernel": str(k), "exposed_ns": int(v["sum"]), "count": int(v["size"])} for k, v in by_name.iterrows()]
+        # an operation matched with no participant: how much of its time was transfer is unknown
+        # (its wait for a peer cannot be told apart), so removing its transfer is not claimed
+        matched = mine["matched"].to_numpy(dtype=bool)
+        unknown = int(mine.loc[~matched, "exposed_ns"].sum())
+        mine = mine[matched]
         groups = mine["group"].to_numpy()
         everyone = c.index[c["group"].isin(groups[groups >= 0])].to_numpy()
         if att.participants is not None and len(att.participants.edges):
@@ -75,14 +86,13 @@ def _finding(att: JobAttribution, ep: pd.DataFrame) -> Finding:
         ops = np.union1d(mine.index.to_numpy(), everyone)
         ends = att.comm_nodes(c["op"].to_numpy()[ops], "end")
         ends = ends[ends >= 0]
-        by_name = mine.groupby(mine["short_name"].astype(str))["exposed_ns"].agg(["sum", "size"])
-        by_name = by_name.sort_values("sum", ascending=False).head(_TOP)
-        top = [{"kernel": str(k), "exposed_ns": int(v["sum"]), "count": int(v["size"])} for k, v in by_name.iterrows()]
     return Finding(
         kind=KIND,
         severity=Severity.INFO,
-        title=(f"Communication exposed on rank {rank}: {exposed / 1e6:.2f} ms of NCCL transfer with no compute "
-               f"beside it ({100 * exposed / max(length, 1):.0f}% of {where})"),  # fmt: skip
+        title=(
+            f"Communication exposed on rank {rank}: {exposed / 1e6:.2f} ms of NCCL transfer with no compute "
+            f"beside it ({100 * exposed / max(length, 1):.0f}% of {where})"
+        ),
         advice=(
             "Overlap communication with compute: let DDP's buckets start earlier (bucket_cap_mb, "
             "gradient_as_bucket_view=True) or FSDP prefetch the next shard (backward_prefetch, forward_prefetch), "
@@ -94,13 +104,14 @@ def _finding(att: JobAttribution, ep: pd.DataFrame) -> Finding:
         end_ns=int(ep["end_ns"].max()),
         impact_ns=exposed,
         rank=rank,
-        group=f"{KIND}|rank {rank}",
+        group=KIND,
         evidence={
             "steps": [first, last],
-            "exposed_ns_per_step": [int(v) for v in ep["amount"]],
+            "exposed_ns_per_step": ep["amount"].to_numpy(dtype=np.int64).tolist(),
             "exposed_share_pct": round(100 * exposed / max(length, 1), 1),
             "operations": top,
+            "unmatched_ns": unknown,
             "share_of_run": share_text(exposed, att.wall_ns),
         },
-        cause=Cause(KIND, (Edit("no_transfer", nodes=tuple(int(v) for v in ends)),)),
+        cause=Cause(KIND, (Edit("no_transfer", nodes=tuple(np.asarray(ends, dtype=np.int64).tolist())),)),
     )

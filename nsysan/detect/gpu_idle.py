@@ -11,11 +11,18 @@ stream, device or peer) is not the host's and not this finding's.
 
 An episode is a run of consecutive steps of one rank where the idle of one cause is at least
 ``min_idle_ns`` and ``min_share`` of the step: a job that is launch-bound throughout is one
-finding, a data-loading stall in three steps another. Removing the cause: the host loses none of
-that time, so each of its launches in those steps comes earlier by the idle of that cause before it
-in its host epoch (between two blocking calls), and its next blocking call by the epoch's total
-(graph edits, replayed for ``recoverable_ns``); where the host stays slower than its GPU, the GPU
-waits at the next launches instead. Group: (rank, cause); one cause on every rank is one family.
+finding, a data-loading stall in three steps another. A rank's first step waiting for launches
+more than twice as long as its other steps do (the median) is warm-up (lazy module loading, first
+launches, allocator growth, autotuning, graph capture) and is left out when the rank has three steps
+or more: it happens once per job, not once per step, and no launch-side fix removes it (the step
+breakdown still shows its idle). Removing the cause (graph edits, replayed for
+``recoverable_ns``): for launch overhead and data loading, the host loses none of that time, so each
+of its launches in those steps comes earlier by the idle of that cause before it in its host epoch
+(between two blocking calls), and its next blocking call by the epoch's total; where the host stays
+slower than its GPU, the GPU waits at the next launches instead. For a synchronize or a full launch
+queue, the blocking calls those launches waited on no longer wait for the GPU (the host's own work
+in them stays), as an asynchronous copy from pinned memory or a synchronize taken out of the step
+would. Group and family: the cause, whatever the rank (one fix for the host code every rank runs).
 """
 
 from __future__ import annotations
@@ -63,10 +70,17 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
     if att is None or att.breakdown.empty:
         return []
     run = max(att.wall_ns, 1)
+    b = att.breakdown
+    first = b["step"].to_numpy() == b.groupby("rank")["step"].transform("min").to_numpy()
+    enough = b.groupby("rank")["step"].transform("size").to_numpy() >= 3
     out = []
     for cause in HOST_CAUSES:
-        amount = att.breakdown[f"idle_{cause}_ns"].to_numpy(dtype=np.float64)
-        for ep in step_episodes(att.breakdown, amount, p.min_idle_ns, p.min_share):
+        amount = b[f"idle_{cause}_ns"].to_numpy(dtype=np.float64)
+        # the first step is warm-up when the rank's other steps idle for this cause less than half as much
+        usual = pd.Series(np.where(first, np.nan, amount)).groupby(b["rank"].to_numpy()).transform("median").to_numpy()
+        warm_up = first & enough & (amount > 2 * np.nan_to_num(usual)) & (cause == "launch")
+        amount = np.where(warm_up, 0.0, amount)
+        for ep in step_episodes(b, amount, p.min_idle_ns, p.min_share):
             out.append((_finding(att, ep, cause), run))
     return out
 
@@ -87,14 +101,19 @@ def _finding(att: JobAttribution, ep: pd.DataFrame, cause: str) -> Finding:
     mine = gaps[(gaps["rank"] == rank) & gaps["step"].isin(steps) & (gaps["cause"] == IDLE_CAUSES.index(cause))]
     longest = mine.assign(length=mine["end_ns"] - mine["start_ns"]).sort_values("length", ascending=False).head(5)
     # removed: a host that lost none of that time runs that far ahead of where it was
-    edits = att.host_catch_up(rank, steps, [IDLE_CAUSES.index(cause)])
+    if cause in ("sync", "blocked_launch"):  # the host stops blocking there
+        edits = att.host_unblock(rank, steps, [IDLE_CAUSES.index(cause)])
+    else:  # the host loses no time there
+        edits = att.host_catch_up(rank, steps, [IDLE_CAUSES.index(cause)])
     first, last = int(steps.min()), int(steps.max())
     where = f"step {first}" if first == last else f"steps {first}-{last}"
     return Finding(
         kind=KIND,
         severity=Severity.INFO,
-        title=(f"GPU of rank {rank} idle {idle / 1e6:.2f} ms waiting for its host ({cause.replace('_', ' ')}) in "
-               f"{where}: {100 * idle / max(length, 1):.1f}% of those steps"),  # fmt: skip
+        title=(
+            f"GPU of rank {rank} idle {idle / 1e6:.2f} ms waiting for its host ({cause.replace('_', ' ')}) in "
+            f"{where}: {100 * idle / max(length, 1):.1f}% of those steps"
+        ),
         advice=_ADVICE[cause],
         start_ns=int(ep["start_ns"].min()),
         end_ns=int(ep["end_ns"].max()),
@@ -102,13 +121,13 @@ def _finding(att: JobAttribution, ep: pd.DataFrame, cause: str) -> Finding:
         rank=rank,
         device=None,
         pid=None,
-        group=f"{KIND}|rank {rank}|{cause}",
+        group=f"{KIND}|{cause}",
         evidence={
             "cause": cause,
             "steps": [first, last],
-            "idle_ns_per_step": [int(v) for v in ep["amount"]],
+            "idle_ns_per_step": ep["amount"].to_numpy(dtype=np.int64).tolist(),
             "idle_share_pct": round(100 * idle / max(length, 1), 1),
-            "gaps": int(len(mine)),
+            "gaps": len(mine),
             "longest_gaps_ns": [[int(s), int(e)] for s, e in zip(longest["start_ns"], longest["end_ns"], strict=True)],
             "export": export,
             "share_of_run": share_text(idle, att.wall_ns),

@@ -247,8 +247,16 @@ def _finding(
         pid=pid,
         group=f"{KIND}|{label}|device {device}|graph {graph}",
         # removed: each replay's all-reduce starts after its producer as the eager ones do
-        cause=Cause(KIND, (Edit("no_gap", ops=tuple((device, int(t)) for t in g["start_ns"].astype("int64").tolist()),
-                                amounts=tuple(float(x) for x in g["excess"])),)),  # fmt: skip
+        cause=Cause(
+            KIND,
+            (
+                Edit(
+                    "no_gap",
+                    ops=tuple((device, int(t)) for t in g["start_ns"].astype("int64").tolist()),
+                    amounts=tuple(np.asarray(g["excess"], dtype=np.float64).tolist()),
+                ),
+            ),
+        ),
         evidence={
             "replays": len(replays),
             "replays_of_graph": int(all_replays),

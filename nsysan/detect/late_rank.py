@@ -32,7 +32,7 @@ rhythm and are not reported. Group: the root rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -42,8 +42,8 @@ from nsysan.attribution.job import JobAttribution
 from nsysan.detect.common import SeverityParams, share_text
 from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Cause, Edit, Finding, Severity
-from nsysan.intervals import covered_arrays, union_arrays
 from nsysan.ingest.trace import Trace
+from nsysan.intervals import covered_arrays, union_arrays
 
 KIND = "late_rank"
 HOST_CAUSES = ("launch", "sync", "data_loading", "blocked_launch")
@@ -96,7 +96,8 @@ def _participants_of(att: JobAttribution, op: int) -> np.ndarray:
         assert att.participants is not None
         e = att.participants.partners()
         mates = e["j"].to_numpy()[e["i"].to_numpy() == op]
-    return mates[mates != op]
+    out: np.ndarray = mates[mates != op]
+    return out
 
 
 @register(KIND, Params, reduce=reduce)
@@ -186,7 +187,9 @@ def _others_mean(att: JobAttribution, x: np.ndarray) -> np.ndarray:
         frame = pd.DataFrame({"g": group[coll], "x": x[coll]})
         total = frame.groupby("g")["x"].transform("sum").to_numpy()
         size = frame.groupby("g")["x"].transform("size").to_numpy()
-        out[np.flatnonzero(coll)] = np.where(size > 1, (total - frame["x"].to_numpy()) / np.maximum(size - 1, 1), np.nan)
+        out[np.flatnonzero(coll)] = np.where(
+            size > 1, (total - frame["x"].to_numpy()) / np.maximum(size - 1, 1), np.nan
+        )
     if att.participants is not None and len(att.participants.edges):
         e = att.participants.partners()
         i, j = e["i"].to_numpy(), e["j"].to_numpy()
@@ -302,8 +305,9 @@ def _nodes_within(att: JobAttribution, rank: int, step: int, begin: int, arrive:
         return np.empty(0, dtype=np.int64)
     n = att.graph.nodes
     times = att.graph.job_times()
-    return np.flatnonzero((n["rank"].to_numpy() == rank) & (n["step"].to_numpy() == step) & (times <= arrive)
-                          & (times > begin) & (n["compute_ns"].to_numpy() > 0))  # fmt: skip
+    del step  # by time: a rank with many steps has segments that span several
+    return np.flatnonzero((n["rank"].to_numpy() == rank) & (times <= arrive) & (times > begin)
+                          & (n["compute_ns"].to_numpy() > 0))  # fmt: skip
 
 
 def _finding(att: JobAttribution, c: pd.DataFrame, s: pd.DataFrame, ep: pd.DataFrame, rank: int,
@@ -327,7 +331,11 @@ def _finding(att: JobAttribution, c: pd.DataFrame, s: pd.DataFrame, ep: pd.DataF
         begin = int(s["begin"].to_numpy()[op_r])
         for v in _nodes_within(att, rank, int(r["step"]), begin, int(c["a_start"].to_numpy()[op_r])).tolist():
             scale[v] = min(scale.get(v, 1.0), (own - extra) / own)
-    edits = (Edit("scale", nodes=tuple(scale), amounts=tuple(x for f in scale.values() for x in (f, 1.0))),) if scale else ()
+    edits = (
+        (Edit("scale", nodes=tuple(scale), amounts=tuple(x for f in scale.values() for x in (f, 1.0))),)
+        if scale
+        else ()
+    )
     why = {m: int(worst[m]) for m in METRICS}
     stretch = {m: int(s[m].to_numpy()[op]) for m in METRICS}
     ops = []
@@ -342,7 +350,9 @@ def _finding(att: JobAttribution, c: pd.DataFrame, s: pd.DataFrame, ep: pd.DataF
         })  # fmt: skip
     cascade = [{"rank": int(r["rank"]), "kernel": str(c["short_name"].to_numpy()[int(r["op"])]),
                 "late_by_ns": int(r["lateness_ns"])} for _, r in ep[ep["rank"] != rank].head(_EVIDENCE_OPS).iterrows()]  # fmt: skip
-    waited = sum(sum(o["waited_ns"].values()) for o in ops)
+    waited = 0
+    for o in ops:
+        waited += sum(cast(dict[str, int], o["waited_ns"]).values())
     reasons = []
     if why["compute"]:
         reasons.append(f"its GPU computed {why['compute'] / 1e3:.0f} us more than usual before the operation: uneven "

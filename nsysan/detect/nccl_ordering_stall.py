@@ -32,6 +32,7 @@ reported (precision first); readiness cannot see host-side dependencies that are
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -158,7 +159,7 @@ def stalls(ops: pd.DataFrame, parts: comm_table.Participants, p: Params) -> pd.D
 def matching(settings: dict[str, dict[str, float]] | None) -> comm_table.Matching:
     """How NCCL operations are matched across ranks without payloads: this detector's parameters
     (``--set nccl_ordering_stall.match_tolerance_ns=...``), which the attribution uses too."""
-    p = Params(**(settings or {}).get(KIND, {}))
+    p = Params(**cast(dict[str, Any], (settings or {}).get(KIND, {})))
     return comm_table.Matching(tolerance_ns=int(p.match_tolerance_ns), tolerance_share=float(p.match_tolerance_share),
                                p2p_tolerance_ns=int(p.match_tolerance_p2p_ns), min_iterations=int(p.min_iterations),
                                max_candidates=int(p.max_candidates), max_position_pairs=int(p.max_position_pairs))  # fmt: skip
@@ -220,7 +221,8 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
             device=int(b["device"]),
             pid=int(b["pid"]),
             group=f"{KIND}|rank {int(b['rank'])}|stream {int(b['stream'])}|late rank {late}",
-            cause=Cause(KIND, (Edit("no_stream_order", nodes=(arrival_of[int(i)],)),)) if arrival_of.get(int(i), -1) > 0
+            cause=Cause(KIND, (Edit("no_stream_order", nodes=(arrival_of[int(i)],)),))
+            if arrival_of.get(int(i), -1) > 0
             else None,
             evidence={
                 "stream": int(b["stream"]),

@@ -139,8 +139,8 @@ def assess(graded: list[tuple[Finding, int, Any]], attribution: JobAttribution |
         for f, run, p in graded:
             by_params.setdefault(id(p), []).append((f, run))
             params[id(p)] = p
-        for key, pairs in by_params.items():
-            p = params[key]
+        for params_id, pairs in by_params.items():
+            p = params[params_id]
             out += grade(pairs, p) if isinstance(p, SeverityParams) else [f for f, _ in pairs]
         return out
     assert attribution is not None
@@ -160,7 +160,7 @@ def assess(graded: list[tuple[Finding, int, Any]], attribution: JobAttribution |
             sev = Severity.WARNING
         else:
             sev = Severity.INFO
-        out.append(dataclasses.replace(f, severity=sev, recoverable_ns=int(round(r))))
+        out.append(dataclasses.replace(f, severity=sev, recoverable_ns=round(r)))
     return out
 
 
@@ -175,10 +175,13 @@ def _recoverable(findings: list[Finding], attribution: JobAttribution) -> np.nda
     for i in with_cause:
         families.setdefault(causes[i].family, []).append(i)
     singles = [causes[i] for i in with_cause]
-    joint = [Cause(name, tuple(e for i in members for e in causes[i].edits)) for name, members in families.items()]
-    saved = attribution.savings([*singles, *joint])
+    several = {name: members for name, members in families.items() if len(members) > 1}
+    joint = [Cause(name, tuple(e for i in members for e in causes[i].edits)) for name, members in several.items()]
+    saved = attribution.savings([*singles, *joint])  # a family of one saves what its finding saves alone
     alone = dict(zip(with_cause, saved[: len(with_cause)], strict=True))
-    for (_, members), total in zip(families.items(), saved[len(with_cause):], strict=True):
+    totals = dict(zip(several, saved[len(with_cause) :], strict=True))
+    for name, members in families.items():
+        total = totals.get(name, alone[members[0]])
         own = np.array([alone[i] for i in members])
         impact = np.array([max(float(findings[i].impact_ns), 0.0) for i in members])
         impact = impact if impact.sum() > 0 else np.ones(len(members))

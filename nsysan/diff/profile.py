@@ -17,7 +17,7 @@ from nsysan.ingest.nccl import attach_nccl_bytes, is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import union_ns
 from nsysan.overview import copy_table
-from nsysan.steps import DEFAULT_STEP_PATTERN, check_pattern, find_steps
+from nsysan.steps import DEFAULT_STEP_PATTERN, Steps, check_pattern, find_steps
 
 PROFILE_VERSION = 1
 # META_DATA_CAPTURE rows that differ on every run (ids, durations, times), not capture options
@@ -223,16 +223,17 @@ def _capture(parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def profile_part(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN) -> dict[str, Any]:
+def profile_part(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN, found: Steps | None = None) -> dict[str, Any]:
     """The profile figures of ``trace`` (one export on a worker, or a whole job), per rank, for
-    :func:`merge_profiles`. Steps come from :func:`nsysan.steps.find_steps`, the same windows the
-    report's attribution uses; whether the job's steps are NVTX's or the kernel sequence's is the
-    job's choice, so each part says which it found."""
+    :func:`merge_profiles`. Steps come from :func:`nsysan.steps.find_steps` (``found``: what it
+    returned for ``trace`` when the caller already asked, as the report's attribution does), the
+    same windows the report's attribution uses; whether the job's steps are NVTX's or the kernel
+    sequence's is the job's choice, so each part says which it found."""
     check_pattern(step_pattern)
     k = _kernels(trace)
     ranks = trace.ranks
     m = trace.memcpy
-    steps = find_steps(trace, step_pattern)
+    steps = find_steps(trace, step_pattern) if found is None else found
     windows = steps.windows[["rank", "start_ns", "end_ns"]]
     per = _per_step(trace, k, windows) if len(windows) and steps.source in ("nvtx", "kernel_sequence") else {}
     return {

@@ -25,6 +25,7 @@ import pandas as pd
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from nsysan.arrays import distinct
 from nsysan.errors import CorruptExportError, InputError, NotAnExportError
 from nsysan.ingest.slices import ProcessSlice, gpu_use_queries, slices_of
 
@@ -389,7 +390,7 @@ class NsysExport:
     def strings(self, ids: np.ndarray) -> pd.Series:
         """The StringIds values of ``ids``, indexed by id; ids the table lacks (dangling) read as
         ``<unknown string N>`` so a damaged table never turns a name into a missing value."""
-        unique = np.unique(np.asarray(ids, dtype=np.int64))
+        unique = distinct(np.asarray(ids, dtype=np.int64))
         wanted = json.dumps(unique.tolist())
         df = self.query(
             "SELECT id AS id, CAST(value AS TEXT) AS value FROM StringIds "

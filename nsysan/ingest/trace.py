@@ -47,6 +47,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from nsysan.arrays import distinct
 from nsysan.errors import InputError
 from nsysan.ingest import frames
 from nsysan.ingest.cache import FrameCache, process_cache
@@ -265,7 +266,7 @@ class Trace:
             ):
                 every = self._api_of(index, tuple(read_columns))
                 return every[every["correlation_id"].isin(wanted)].reset_index(drop=True)
-            unique = np.unique(wanted)
+            unique = distinct(wanted)
             read = functools.partial(frames.read_frame, frame="cuda_api", columns=read_columns,
                                      correlation_ids=unique)  # fmt: skip
             digest = hashlib.sha256(unique.tobytes() + " ".join(read_columns or []).encode()).hexdigest()[:16]

@@ -15,11 +15,15 @@ from nsysan import __version__
 from nsysan.findings import Finding, Severity
 from nsysan.overview import Overview
 
+_PLAIN_NUMBERS = {int, str}
+
 
 def _plain(value: Any) -> Any:
     """numpy/pandas scalars and containers to JSON-ready Python values."""
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list) and {type(v) for v in value} <= _PLAIN_NUMBERS:
+        return value  # a step table's column, already plain (thousands of steps: skip the walk)
     if isinstance(value, (list, tuple, np.ndarray)):
         return [_plain(v) for v in value]
     if value is None or value is pd.NA or value is pd.NaT:
@@ -55,7 +59,7 @@ def fold_groups(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                     "count": 0, "impact_ns": 0, "recoverable_ns": 0, "worst": i, "findings": []})  # fmt: skip
         g["count"] += 1
         g["impact_ns"] += int(f["impact_ns"])
-        g["recoverable_ns"] += int(f.get("recoverable_ns", 0))
+        g["recoverable_ns"] += int(f.get("recoverable_ns") or 0)
         g["findings"].append(i)
         if SEVERITY_RANK[f["severity"]] > SEVERITY_RANK[g["severity"]]:
             g["severity"] = f["severity"]

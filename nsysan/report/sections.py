@@ -376,7 +376,7 @@ def recoverable_ns(doc: dict[str, Any], group: dict[str, Any]) -> int | None:
     members = [doc["findings"][i] for i in group.get("findings") or [group["worst"]]]
     if not all("recoverable_ns" in f for f in members):
         return None
-    return int(group.get("recoverable_ns", sum(int(f["recoverable_ns"]) for f in members)))
+    return int(group.get("recoverable_ns", sum(int(f.get("recoverable_ns") or 0) for f in members)))
 
 
 def _recovers(doc: dict[str, Any], ns: int | None, impact_ns: int) -> str:

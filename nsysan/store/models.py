@@ -11,8 +11,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 # The schema's number, which every Alembic revision records in nsysan_meta for older nsysan to read
 # (2: findings.group; 3: comments and notes in one table, remarks; 4: findings.present and
 # missing_since, findings kept across re-analysis; 5: review_events, the history of status and
-# assignee); docs/store.md
-SCHEMA_VERSION = 5
+# assignee; 6: findings.recoverable_ns and trace_steps, the report's steps section); docs/store.md
+SCHEMA_VERSION = 6
 VERSION_TABLE = "nsysan_alembic_version"  # Alembic's, named for nsysan in case the database is shared
 FINDING_STATUSES = ("open", "confirmed", "false positive", "fixed")
 REVIEWED_FIELDS = ("status", "assignee")  # what a review event records a change of
@@ -70,6 +70,9 @@ class FindingRecord(Base):
     start_ns: Mapped[int] = mapped_column(sa.BigInteger)
     end_ns: Mapped[int] = mapped_column(sa.BigInteger)
     impact_ns: Mapped[int] = mapped_column(sa.BigInteger)
+    # the job's wall time its fix would save (report version 2); None: stored before schema 6, or
+    # saved from a report that did not compute it
+    recoverable_ns: Mapped[int | None] = mapped_column(sa.BigInteger, default=None)
     title: Mapped[str] = mapped_column(sa.Text)
     evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
     advice: Mapped[str] = mapped_column(sa.Text)
@@ -84,6 +87,20 @@ class FindingRecord(Base):
                                                         order_by="RemarkRecord.id")  # fmt: skip
     events: Mapped[list[ReviewEventRecord]] = relationship(back_populates="finding", cascade="all, delete-orphan",
                                                            order_by="ReviewEventRecord.id")  # fmt: skip
+
+
+class StepsRecord(Base):
+    """The ``steps`` section of a trace's latest analysis (where each rank's step time went): one row
+    per trace, replaced by each analysis, none when the analysis had no such section.
+
+    A table of its own, not a field of ``traces.summary``: it grows with ranks times steps (thirteen
+    numbers a rank a step), and the library, which reads every trace's row on each
+    poll, never needs it; only the trace's page and the compare page read it (``ReviewStore.steps``).
+    """
+
+    __tablename__ = "trace_steps"
+    trace_id: Mapped[int] = mapped_column(sa.ForeignKey("traces.id", ondelete="CASCADE"), primary_key=True)
+    steps: Mapped[dict[str, Any]] = mapped_column()
 
 
 class RemarkRecord(Base):

@@ -14,6 +14,7 @@ goes through SQLAlchemy with bound parameters.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from nsysan.errors import InputError, NsysanError
 from nsysan.store import identity, schema
-from nsysan.store.models import FINDING_STATUSES, FindingRecord, RemarkRecord, ReviewEventRecord, TraceRecord, _now
+from nsysan.store.models import (
+    FINDING_STATUSES,
+    FindingRecord,
+    RemarkRecord,
+    ReviewEventRecord,
+    StepsRecord,
+    TraceRecord,
+    _now,
+)
+
+log = logging.getLogger(__name__)
 
 # What a reviewer types, at most (characters): held here, whatever the caller, since SQLite does not
 # enforce a column's length and PostgreSQL would fail the whole save on a too-long name.
@@ -110,17 +121,26 @@ class ReviewStore:
 
     def save_analysis(self, trace_id: int, document: dict[str, Any], captured_utc_ns: int | None = None) -> None:
         """Store a trace's report document (``nsysan.analysis.analyse``): its summary feeds the library,
-        and the trace is ready. Its findings are matched to the stored ones (:mod:`nsysan.store.identity`):
+        its ``steps`` section (if it has one) replaces the trace's stored one (:meth:`steps`), and the
+        trace is ready. Its findings are matched to the stored ones (:mod:`nsysan.store.identity`):
         a stored finding found again keeps its id, status, assignee, version and comments and takes the
-        new analysis's window, severity, title, evidence and advice; one not found again is kept, marked
-        not present (``missing_since``); a new one is added."""
+        new analysis's window, severity, impact, recoverable time, title, evidence and advice; one not
+        found again is kept, marked not present (``missing_since``); a new one is added.
+
+        Of a finding, the store keeps the fields of the findings contract (:data:`DOCUMENT_FIELDS`); a
+        key it does not know (a newer contract's, a caller's own) is left out and named in the log,
+        never an error. A finding without ``recoverable_ns`` (a report before version 2) has None."""
+        found = [_from_document(f) for f in document["findings"]]
+        ignored = sorted({k for f in document["findings"] for k in f} - set(DOCUMENT_FIELDS))
+        if ignored:
+            log.warning("trace %s: finding fields the store does not keep, left out: %s", trace_id, ", ".join(ignored))
+        steps = document.get("steps")
         with self._session.begin() as s:
             # write the trace's row first (a no-op), locking it: two analyses of one trace match in turn
             s.execute(sa.update(TraceRecord).where(TraceRecord.id == trace_id).values(status=TraceRecord.status))
             record = self._trace(s, trace_id)
             stored = list(s.scalars(sa.select(FindingRecord).where(FindingRecord.trace_id == trace_id)
                                     .order_by(FindingRecord.id)))  # fmt: skip
-            found = document["findings"]
             matched = identity.match([_finding(f) for f in stored], found)
             again = set(matched.values())
             now = _now()
@@ -136,6 +156,10 @@ class ReviewStore:
                     old.present, old.missing_since = True, None
                 else:
                     s.add(FindingRecord(**new, trace_id=trace_id))
+            # replaced, not merged: the old section is never read back (it can be large)
+            s.execute(sa.delete(StepsRecord).where(StepsRecord.trace_id == trace_id))
+            if steps is not None:
+                s.add(StepsRecord(trace_id=trace_id, steps=steps))
             record.summary = document["summary"]
             record.ranks = sorted({r for t in document["traces"] for r in t["ranks"]})
             record.devices = sorted({d for t in document["traces"] for d in t["devices"]})
@@ -154,14 +178,30 @@ class ReviewStore:
         raise NotFound(f"no trace {trace_id}")
 
     def delete_trace(self, trace_id: int) -> None:
-        """Remove a trace with its findings, remarks and review events (NotFound when there is none).
+        """Remove a trace with its findings, remarks, review events and steps (NotFound when there is none).
         Deleted explicitly, child tables first: SQLite enforces no ON DELETE CASCADE unless a
         connection turns foreign keys on, and this works the same on PostgreSQL."""
         with self._session.begin() as s:
             self._trace(s, trace_id)
-            for table in (ReviewEventRecord, RemarkRecord, FindingRecord):
+            for table in (ReviewEventRecord, RemarkRecord, FindingRecord, StepsRecord):
                 s.execute(sa.delete(table).where(table.trace_id == trace_id))
             s.execute(sa.delete(TraceRecord).where(TraceRecord.id == trace_id))
+
+    def steps(self, trace_id: int) -> dict[str, Any] | None:
+        """The ``steps`` section of the trace's latest analysis (where each rank's step time went,
+        docs/report.md); None when it has none: not analysed yet, or analysed by an nsysan before
+        report version 2 (or stored before schema 6). Kept apart from the library's rows
+        (:meth:`traces` never reads it); NotFound when there is no such trace."""
+        query = (
+            sa.select(TraceRecord.id, StepsRecord.steps)
+            .outerjoin(StepsRecord, StepsRecord.trace_id == TraceRecord.id)
+            .where(TraceRecord.id == trace_id)
+        )
+        with self.session() as s:
+            row = s.execute(query).one_or_none()
+        if row is None:
+            raise NotFound(f"no trace {trace_id}")
+        return cast("dict[str, Any] | None", row.steps)
 
     def trace_paths(self, trace_id: int) -> list[str]:
         """The server-side files of a trace: for the server only, never sent to a browser."""
@@ -400,13 +440,24 @@ def _step_ns(summary: dict[str, Any]) -> float | None:
 
 
 # what an analysis says about a finding, taken from the new analysis when a stored finding is found again
-_ANALYSED = ("group", "severity", "pid", "start_ns", "end_ns", "impact_ns", "title", "evidence", "advice")
+_ANALYSED = ("group", "severity", "pid", "start_ns", "end_ns", "impact_ns", "recoverable_ns", "title", "evidence",
+             "advice")  # fmt: skip
+# the fields of a report document's finding the store keeps (the findings contract, report version 2):
+# the identity (nsysan.store.identity) and what the analysis says; any other key is left out
+DOCUMENT_FIELDS = ("kind", "rank", "device", *_ANALYSED)
+
+
+def _from_document(finding: dict[str, Any]) -> dict[str, Any]:
+    """A report document's finding as the store keeps it: the contract's fields it has, and
+    ``recoverable_ns`` always (None when it has none: a report before version 2 did not compute it)."""
+    kept = {k: finding[k] for k in DOCUMENT_FIELDS if k in finding}
+    return kept | {"recoverable_ns": finding.get("recoverable_ns")}
 
 
 def _finding(f: FindingRecord) -> dict[str, Any]:
     d = {c: getattr(f, c) for c in ("id", "trace_id", "kind", "group", "severity", "rank", "device", "pid", "start_ns",
-                                    "end_ns", "impact_ns", "title", "evidence", "advice", "status", "assignee", "version",
-                                    "present")}  # fmt: skip
+                                    "end_ns", "impact_ns", "recoverable_ns", "title", "evidence", "advice", "status",
+                                    "assignee", "version", "present")}  # fmt: skip
     return d | {"missing_since": _utc(f.missing_since).isoformat() if f.missing_since else None}
 
 
