@@ -13,9 +13,11 @@ payloads, each file's session start shifted so the job clock aligns them), then 
 for its peak RSS. Targets: cluster wall <= 1.2 x (serial wall / N); no process above 1.5 GiB; the
 two reports byte-identical.
 
-Part 2 synthesises the ordering detector's compact tables in memory, one per export in the types
-each export's map sends, and times the coordinator's reduce of them (``reduce_detectors``: joining
-the tables, then ``nccl_ordering_stall.reduce``) in a child process per (ranks, variant): (a) with
+Part 2 synthesises what each export's map sends in memory (its attribution part: NCCL operations in
+the compact table's types, steps, breakdown, and its graph within its share of the job's limit; its
+detectors' part), and times the coordinator's reduce of them (``reduce_attribution``: the clock,
+participants, breakdown and graph; then ``reduce_detectors``, replays included) in a child process
+per (ranks, variant): (a) with
 NCCL communicator payloads (one data-parallel all-reduce communicator over all ranks plus one
 communicator per neighbour pair for P2P send/recv), (b) without payloads (participants by program
 position, NVTX iteration numbers). A child is stopped at 240 s or 8 GiB RSS. Target: 1,024 ranks x
@@ -308,27 +310,80 @@ def synth(ranks: int, ops_per_rank: int, payloads: bool) -> tuple[dict[str, pd.D
     return {"ops": ops, "members": members}, JobFacts(runs=[run_ns] * ranks, clock=shift.tolist())
 
 
-def export_parts(tables: dict[str, pd.DataFrame], job: object) -> list:
-    """The compact tables split into one :class:`DetectorParts` per export, each its own copy in the
-    map's types, as the coordinator receives them from the maps."""
+def export_parts(tables: dict[str, pd.DataFrame], job: object) -> tuple[list, list]:
+    """What each export's map sends the coordinator, as the maps would send it: one
+    :class:`AttributionPart` per export (its NCCL operations in the compact table's types, one step
+    per iteration, the step breakdown and exposed pieces, and its graph only within its share of
+    the job's limit, as :func:`nsysan.analysis.graph_budget` allows a map) and one
+    :class:`DetectorParts` (the detectors that reduce send no tables of their own)."""
+    from nsysan.analysis import graph_budget
+    from nsysan.attribution.breakdown import MAP_COLUMNS
+    from nsysan.attribution.comm import compact
+    from nsysan.attribution.graph import EDGE, KIND, GraphPart
+    from nsysan.attribution.part import AttributionPart
     from nsysan.detect import DetectorParts
-    from nsysan.detect import nccl_ordering_stall as d
+    from nsysan.detect.registry import registered
 
-    ops, members = d.compact(tables["ops"]), tables["members"]
-    bounds = np.searchsorted(ops["export"].to_numpy(), np.arange(len(job.runs) + 1))  # synth orders by export
-    parts = []
+    ops, members = compact(tables["ops"]), tables["members"]
+    n_exports = len(job.runs)
+    budget = graph_budget(n_exports, 1)
+    bounds = np.searchsorted(ops["export"].to_numpy(), np.arange(n_exports + 1))  # synth orders by export
+    reduced = [spec.kind for spec in registered().values() if spec.reduce is not None]
+    att, det = [], []
     for x, run_ns in enumerate(job.runs):
-        mine = {"ops": ops.iloc[bounds[x] : bounds[x + 1]], "members": members[members["export"] == x]}
-        own = {name: frame.drop(columns="export").reset_index(drop=True).copy() for name, frame in mine.items()}
-        parts.append(DetectorParts(run_ns=run_ns, tables={d.KIND: own}).with_export(x))
-    return parts
+        mine = ops.iloc[bounds[x] : bounds[x + 1]].reset_index(drop=True).copy()
+        mine["op"] = np.arange(len(mine))
+        start, end = mine["start_ns"].to_numpy(), mine["end_ns"].to_numpy()
+        it = mine["iteration"].to_numpy(dtype=np.int64)
+        first = np.flatnonzero(np.r_[True, it[1:] != it[:-1]])
+        w_start = start[first]
+        w_end = np.append(w_start[1:], end[-1])
+        windows = pd.DataFrame(
+            {"export": x, "rank": x, "step": np.arange(len(first)), "start_ns": w_start, "end_ns": w_end}
+        )
+        comm_ns = np.add.reduceat(end - start, first)
+        breakdown = windows.assign(
+            compute_ns=np.maximum(w_end - w_start - comm_ns, 0), comm_ns=comm_ns, copy_ns=0, idle_ns=0
+        ).reindex(columns=MAP_COLUMNS, fill_value=0)
+        step_of = np.repeat(np.arange(len(first)), np.diff(np.append(first, len(mine))))
+        pieces = pd.DataFrame(
+            {"export": x, "rank": x, "step": step_of, "start_ns": start, "end_ns": end, "op": np.arange(len(mine))}
+        )
+        graph = GraphPart.empty()
+        n = len(mine)
+        if 2 * n <= budget:  # an arrival and an end per operation, one after another on its stream
+            nodes = pd.DataFrame({
+                "kind": np.tile([KIND["arrival"], KIND["end"]], n), "time_ns": np.c_[start, end].ravel(), "rank": x,
+                "pid": 5000 + x, "device": x % 8, "stream": 13, "step": np.repeat(step_of, 2),
+                "comm": np.repeat(np.arange(n), 2), "work_ns": 0.0, "compute_ns": 0.0, "copy_ns": 0.0,
+                "first_ns": np.repeat(start, 2), "launch_bound": False,
+            })  # fmt: skip
+            arrival, ends = 2 * np.arange(n), 2 * np.arange(n) + 1
+            edges = pd.DataFrame({
+                "src": np.r_[arrival, -1, ends[:-1]], "dst": np.r_[ends, arrival[0], arrival[1:]],
+                "weight": np.r_[end - start, start[0], start[1:] - end[:-1]].astype(float),
+                "kind": np.r_[np.full(n, EDGE["transfer"]), EDGE["fixed"], np.full(n - 1, EDGE["stream"])].astype(np.int8),
+            })  # fmt: skip
+            graph = GraphPart(nodes, edges)
+        gaps = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("export", "rank", "step", "start_ns", "end_ns",
+                                                                    "cause", "node")})  # fmt: skip
+        legs = pd.DataFrame({"op": pd.Series(dtype="int64"), "comm_id": pd.Series(dtype="UInt64"),
+                             "comm_rank": pd.Series(dtype="Int64"), "peer": pd.Series(dtype="Int64")})  # fmt: skip
+        part = AttributionPart(source="nvtx", detail="synthetic", windows=windows, breakdown=breakdown, pieces=pieces,
+                               gaps=gaps, comm=mine, legs=legs, graph=graph,
+                               members=members[members["export"] == x].reset_index(drop=True))  # fmt: skip
+        att.append(part.with_export(x))
+        det.append(DetectorParts(run_ns=run_ns, tables={k: {} for k in reduced}).with_export(x))
+    return att, det
 
 
 _CHILD = """
 import ctypes, gc, json, resource, sys, time
 sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[1] + "/benchmarks")
 from ranks import export_parts, synth
+from nsysan.attribution.job import reduce_attribution
 from nsysan.detect import reduce_detectors
+from nsysan.detect.nccl_ordering_stall import matching
 ranks, ops, payloads, profile = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5] == "1"
 
 def status(field):
@@ -336,33 +391,41 @@ def status(field):
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
 
+def reduce(att, det, clock):
+    notes = []
+    job = reduce_attribution(att, clock, matching(None), notes)
+    found = reduce_detectors(det, job.clock.offsets, None, notes, attribution=job)
+    job.document()
+    return found, notes, job
+
 t0 = time.perf_counter()
 tables, job = synth(ranks, ops, payloads)
 n_ops = len(tables["ops"])
-parts = export_parts(tables, job)
+att, det = export_parts(tables, job)
 del tables
 gc.collect()
 ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand the synthesis's freed heap back: measure the reduce, not it
 in_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-tables_bytes = sum(int(t.memory_usage(deep=True).sum()) for p in parts for ts in p.tables.values() for t in ts.values())
+tables_bytes = sum(int(p.comm.memory_usage(deep=True).sum()) for p in att)
+graph_nodes = sum(len(p.graph.nodes) for p in att)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # resets the peak RSS (VmHWM): the reduce's own peak, not the synthesis's
 rss_before = status("VmRSS")
-notes = []
 t1 = time.perf_counter()
 if profile:
     import cProfile, pstats
     prof = cProfile.Profile()
-    found = prof.runcall(reduce_detectors, parts, job.clock, None, notes)
+    found, notes, attribution = prof.runcall(reduce, att, det, job.clock)
     st = pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative")
     print("top 5 functions by cumulative time:", file=sys.stderr); st.print_stats(5)
     print("top nsysan functions by cumulative time:", file=sys.stderr); st.print_stats("nsysan/", 10)
 else:
-    found = reduce_detectors(parts, job.clock, None, notes)
+    found, notes, attribution = reduce(att, det, job.clock)
 t2 = time.perf_counter()
 print(json.dumps({"synth_s": t1 - t0, "reduce_s": t2 - t1, "ops": n_ops, "findings": len(found),
-                  "skipped": bool(notes), "input_rss": in_rss, "tables": tables_bytes,
-                  "rss_before": rss_before, "rss": status("VmHWM")}))
+                  "skipped": any("skipped" in n or "not attempted" in n for n in notes), "input_rss": in_rss,
+                  "tables": tables_bytes, "graph_nodes": graph_nodes,
+                  "replayed": attribution.graph is not None, "rss_before": rss_before, "rss": status("VmHWM")}))
 """
 
 
@@ -410,20 +473,21 @@ def _print_point(variant: str, ranks: int, ops: int, res: dict) -> None:
         print(f"  {variant:15s} {ranks:5d} ranks x {ops:6,} ops ({res['ops']:>10,} in all): reduce "
               f"{res['reduce_s']:7.2f} s  peak RSS during it {res['rss'] / 2**20:6.0f} MiB (before it "
               f"{res['rss_before'] / 2**20:.0f} MiB, of which the compact tables {res['tables'] / 2**20:.0f} MiB; "
-              f"peak while synthesising them {res['input_rss'] / 2**20:.0f} MiB)  findings {res['findings']}"
-              + ("  (position matching over its limit: skipped, said in the report)" if res.get("skipped") else ""),
+              f"peak while synthesising them {res['input_rss'] / 2**20:.0f} MiB)  findings {res['findings']}  "
+              f"graph {res['graph_nodes']:,} nodes, {'replayed' if res['replayed'] else 'not replayed'}"
+              + ("  (a limit reached: skipped, said in the report)" if res.get("skipped") else ""),
               flush=True)  # fmt: skip
 
 
 def part2(args: argparse.Namespace) -> dict[str, object]:
-    """The ordering detector's reduce alone, per (ranks, variant), in child processes. A point that
+    """The coordinator's reduce alone (the attribution's, then the detectors'), per (ranks, variant), in child processes. A point that
     fails is run again with a tenth of the ops, then a hundredth; once a size failed at some number
     of ranks, larger numbers start at the next smaller size (the failed one would fail too)."""
     rank_points = [int(x) for x in args.reduce_ranks.split(",") if x.strip()]
     full = args.ops_per_rank
     levels = list(dict.fromkeys([full, max(30, full // 10), max(30, full // 100)]))
     limits = (args.timeout_s, int(args.max_rss_gib * GIB))
-    print(f"\n== part 2: the reduce alone (reduce_detectors), {full:,} ops per rank (stop at {args.timeout_s:.0f} s / "
+    print(f"\n== part 2: the reduce alone (reduce_attribution, reduce_detectors), {full:,} ops per rank (stop at {args.timeout_s:.0f} s / "
           f"{args.max_rss_gib:.0f} GiB; on failure again with {', '.join(f'{n:,}' for n in levels[1:])})",
           flush=True)  # fmt: skip
     variants = [("a: payloads", True), ("b: no payloads", False)]

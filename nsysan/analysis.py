@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import psutil
 
-from nsysan.attribution.job import reduce_attribution
+from nsysan.attribution.job import MAX_GRAPH_NODES, reduce_attribution
 from nsysan.attribution.part import AttributionPart, map_attribution
 from nsysan.detect import DetectorParts, map_detectors, reduce_detectors
 from nsysan.detect.common import export_run_ns
@@ -46,26 +46,24 @@ class ExportResult:
 
 
 def map_export(
-    trace: Trace, index: int, settings: Settings | None = None, step_pattern: str = DEFAULT_STEP_PATTERN
+    trace: Trace,
+    index: int,
+    settings: Settings | None = None,
+    step_pattern: str = DEFAULT_STEP_PATTERN,
+    graph_budget: int | None = None,
 ) -> ExportResult:
     """The map: ``trace`` holds one export, the job's export number ``index``. The per-export
-    detectors run first; the attribution then names the graph nodes their findings' causes touch."""
+    detectors run first; the attribution then names the graph nodes their findings' causes touch.
+    ``graph_budget``: this map's share of the job's graph (:func:`graph_budget`)."""
     detectors = map_detectors(trace, settings)
-    attribution, detectors.findings = map_attribution(trace, step_pattern, detectors.findings)
-    detectors.findings = {kind: [_in_export(f, index) for f in found] for kind, found in detectors.findings.items()}
+    attribution, detectors.findings = map_attribution(trace, step_pattern, detectors.findings, graph_budget)
+    detectors.findings = {kind: [f.in_export(index) for f in found] for kind, found in detectors.findings.items()}
     return ExportResult(
         info=dataclasses.replace(trace.exports[0], index=index),
         overview=overview_part(trace).with_export(index),
         detectors=detectors.with_export(index),
         attribution=attribution.with_export(index),
     )
-
-
-def _in_export(f: Finding, index: int) -> Finding:
-    """``f`` with its cause's graph nodes numbered in export ``index``."""
-    if f.cause is None or f.cause.export < 0:
-        return f
-    return dataclasses.replace(f, cause=dataclasses.replace(f.cause, export=index))
 
 
 def reduce_job(
@@ -123,6 +121,13 @@ def slice_in_process(path: Path) -> bool:
     return size * 8 > psutil.virtual_memory().total
 
 
+def graph_budget(exports: int, slices: int) -> int:
+    """The graph nodes one map may send: the job's limit (``MAX_GRAPH_NODES``) shared evenly over
+    its exports and an export's slices. A map past it sends no graph: the reduce would not replay
+    a job that large anyway, and 1,024 exports' graphs would hold gigabytes at the coordinator."""
+    return MAX_GRAPH_NODES // max(exports, 1) // max(slices, 1)
+
+
 def analyse(
     trace: Trace,
     settings: Settings | None = None,
@@ -141,7 +146,9 @@ def analyse(
         parts = []
         for part in slices:
             with trace.export_alone(index, part, run) as one:
-                parts.append(map_export(one, index, settings, step_pattern))
+                parts.append(
+                    map_export(one, index, settings, step_pattern, graph_budget(len(trace.exports), len(slices)))
+                )
         results.append(combine_slices(parts))
     return reduce_job(results, trace.ranks, trace.input_notes, settings)
 

@@ -24,7 +24,15 @@ from typing import Any, Protocol, TypeVar
 
 import pandas as pd
 
-from nsysan.analysis import ExportResult, Settings, combine_slices, map_export, reduce_job, slice_in_process
+from nsysan.analysis import (
+    ExportResult,
+    Settings,
+    combine_slices,
+    graph_budget,
+    map_export,
+    reduce_job,
+    slice_in_process,
+)
 from nsysan.detect.common import export_run_ns
 from nsysan.detect.registry import registered
 from nsysan.diff.profile import merge_profiles, profile_part, summary_tables
@@ -34,7 +42,7 @@ from nsysan.ingest.cache import FrameCache, process_cache
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.ranks import announced_ranks, assign_guessed
 from nsysan.ingest.slices import ProcessSlice
-from nsysan.steps import DEFAULT_STEP_PATTERN, Steps
+from nsysan.steps import DEFAULT_STEP_PATTERN
 
 T = TypeVar("T")
 
@@ -196,6 +204,7 @@ def map_file(
     profile: bool,
     part: ProcessSlice | None = None,
     run: int | None = None,
+    graph_budget: int | None = None,
 ) -> ExportResult:
     """Task: the map of one export, or of the slice ``part`` of its processes with ``run`` its
     run length, opened on the worker; ``steps`` is the step pattern, and with ``profile`` the diff
@@ -204,16 +213,15 @@ def map_file(
 
     def compute() -> ExportResult:
         with load_trace([path], cache=cache, ranks=ranks) as whole, whole.export_alone(0, part, run) as trace:
-            result = map_export(trace, index, settings, steps)
+            result = map_export(trace, index, settings, steps, graph_budget)
             if profile:
-                a = result.attribution
-                result.profiles = [profile_part(trace, steps, Steps(a.source, a.detail, a.windows))]
+                result.profiles = [profile_part(trace, steps, [result.attribution])]
             return result
 
     if cache is None or not _only_nsysan_detectors():
         return compute()
     tag = part.tag if part is not None else ""
-    key = _map_key(path, index, ranks, settings, f"{steps!r} profile={profile}", tag)
+    key = _map_key(path, index, ranks, settings, f"{steps!r} profile={profile} graph={graph_budget}", tag)
     return cache.value(path, f"map-{key}", compute)
 
 
@@ -288,7 +296,7 @@ def analyse_files(
         mine = ranks[ranks["export"] == i].assign(export=0).reset_index(drop=True)
         for part in survey.slices:
             tasks.append((p, i, mine, settings, cache, profile_steps or step_pattern, profile_steps is not None, part,
-                          survey.run))  # fmt: skip
+                          survey.run, graph_budget(len(paths), len(survey.slices))))  # fmt: skip
             owners.append(i)
     mapped = engine.map(map_file, tasks, "exports")
     results = [combine_slices([r for r, o in zip(mapped, owners, strict=True) if o == i]) for i in range(len(paths))]

@@ -13,6 +13,7 @@ a finding's severity is its group's, from the group's total impact (see ``detect
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -89,6 +90,13 @@ class Finding:
     group: str = ""
     recoverable_ns: int = 0
     cause: Cause | None = field(default=None, compare=False, repr=False)
+
+    def in_export(self, index: int) -> Finding:
+        """This finding with its cause's graph nodes numbered in export ``index`` (a map's are its
+        export's, numbered from 0)."""
+        if self.cause is None or self.cause.export < 0:
+            return self
+        return dataclasses.replace(self, cause=dataclasses.replace(self.cause, export=index))
 
     def to_dict(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in _CONTRACT}

@@ -8,7 +8,10 @@ A finding matches a planted event only when all of these hold:
 - its impact is within 5% of the planted impact;
 - for stalls, the blamed rank (``evidence.late_rank``) is the root late rank;
 - its severity is what the planted group's total impact makes it: total / the export's GPU span
-  (measured here with plain SQL, not with nsysan), warning from 1%, critical from 5%.
+  (measured here with plain SQL, not with nsysan), warning from 1%, critical from 5%; unless the
+  score is told not to (``Score(severity=False)``): findings graded by the time their fix would
+  recover (the step attribution's what-if) are checked against simulated truth instead
+  (tests/test_attribution_truth.py).
 
 Each planted event matches one finding at most, so duplicates count as false positives.
 """
@@ -59,7 +62,7 @@ def overlap_share(a0: int, a1: int, b0: int, b1: int) -> float:
     return max(inter, 0) / shorter if inter >= 0 else 0.0
 
 
-def why_not(truth: Planted, severity: str, f: Finding) -> str | None:
+def why_not(truth: Planted, severity: str | None, f: Finding) -> str | None:
     """None when ``f`` matches ``truth`` under the strict rule, else the first reason it does not."""
     if f.kind != truth.kind or f.rank != truth.rank:
         return "kind/rank"
@@ -70,7 +73,7 @@ def why_not(truth: Planted, severity: str, f: Finding) -> str | None:
         return f"impact {f.impact_ns} vs {planted}"
     if "late_rank" in truth.detail and f.evidence.get("late_rank") != truth.detail["late_rank"]:
         return f"late rank {f.evidence.get('late_rank')} vs {truth.detail['late_rank']}"
-    if f.severity.value != severity:
+    if severity is not None and f.severity.value != severity:
         return f"severity {f.severity.value} vs {severity}"
     return None
 
@@ -80,6 +83,7 @@ class Score:
     planted: int = 0
     found: int = 0
     matched: int = 0
+    severity: bool = True  # whether the severity must be the planted impact's (see the module docstring)
 
     @property
     def precision(self) -> float:
@@ -98,7 +102,7 @@ class Score:
         used: set[int] = set()
         for t, sev in zip(planted, severities, strict=True):
             for i, f in enumerate(mine):
-                if i not in used and why_not(t, sev, f) is None:
+                if i not in used and why_not(t, sev if self.severity else None, f) is None:
                     used.add(i)
                     self.matched += 1
                     break

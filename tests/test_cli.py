@@ -152,12 +152,14 @@ def test_fail_on_exit_code_from_the_real_command(tmp_path):
     result = subprocess.run([sys.executable, "-m", "nsysan", "report", SAMPLE, "--fail-on", "critical", "-f", "json"],
                             capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert result.returncode == 3, result.stderr
-    # the plugin's finding, and the sample's own: rank 1 (the rank whose steps end last) idles
-    # 175 us per step waiting for its host, which fixing would recover 8.4% of the job's wall time
-    assert result.stderr.strip() == "nsysan: error: 2 finding(s) at critical or worse"
+    # the plugin's finding, and the sample's own: both ranks idle 175 us per step waiting for their
+    # hosts, one job-wide group (gpu_idle|launch) whose fix recovers 8.4% of the job's wall time,
+    # all of it on rank 1, the rank whose steps end last
+    assert result.stderr.strip() == "nsysan: error: 3 finding(s) at critical or worse"
     critical = [f for f in json.loads(result.stdout)["findings"] if f["severity"] == "critical"]
-    assert sorted((f["kind"], f["rank"], f["recoverable_ns"]) for f in critical) == [
-        ("command_buffer_full", None, 0), ("gpu_idle", 1, 875_000)]  # fmt: skip
+    assert sorted((f["kind"], f["group"], f["rank"], f["recoverable_ns"]) for f in critical) == [
+        ("command_buffer_full", "", None, 0), ("gpu_idle", "gpu_idle|launch", 0, 0),
+        ("gpu_idle", "gpu_idle|launch", 1, 875_000)]  # fmt: skip
 
 
 def test_python_dash_m_runs_the_console_entry_point(monkeypatch, capsys):

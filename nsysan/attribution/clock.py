@@ -27,12 +27,17 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from nsysan.arrays import distinct
+
 WINDOW_NS = 20_000_000  # how far the UTC alignment may be off
 BIN_NS = 4_000
+TIGHT_NS = 2_500  # how closely the ends of one operation's participants agree
 MIN_MATCHES = 3  # coinciding ends (or operations matched across exports) an alignment needs
 _SAMPLE = 2_000
 _ALL_PAIRS = 64  # up to this many exports, every aligned export is a candidate partner
 _NEAR = 8
+_CANDIDATES = 32
+_SHARED = 0.9  # an export this much of whose ends coincide with the reference's shares a communicator with it
 
 
 @dataclass(frozen=True)
@@ -48,12 +53,13 @@ def coarse(ends: list[np.ndarray], utc: list[int]) -> tuple[list[int], list[bool
     """Per export, its offset (UTC alignment corrected by coinciding NCCL ends) and whether the
     ends decided it. ``ends``: each export's NCCL kernel ends on its own clock.
 
-    Exports are aligned one at a time, each against the aligned export its ends coincide with best
-    (a maximum spanning tree grown from the reference): two ranks that share no communicator
-    (stages 0 and 3 of a pipeline, the TP groups of TP x DP) coincide only by the program's rhythm,
-    one layer or one micro-batch off as readily as not, so each export is aligned on a partner.
-    Past ``_ALL_PAIRS`` exports, an export is paired with the reference and, when that is weak
-    (less than half its ends coincide), with the aligned exports near it in export order."""
+    Every export is first paired with the reference; one that coincides with it on nearly all its
+    ends (``_SHARED``) shares a communicator with it and is aligned. The others are aligned one at a time,
+    each against the aligned export its ends coincide with best (a maximum spanning tree): two
+    ranks that share no communicator (stages 0 and 3 of a pipeline, the TP groups of TP x DP)
+    coincide only by the program's rhythm, one layer or one micro-batch off as readily as not, so
+    each is aligned on a partner; past ``_ALL_PAIRS`` exports, on the aligned exports within
+    ``_NEAR`` of it in export order."""
     offsets = list(utc)
     decided = [False] * len(ends)
     if len(ends) < 2:
@@ -65,19 +71,28 @@ def coarse(ends: list[np.ndarray], utc: list[int]) -> tuple[list[int], list[bool
     own = [_sample(np.sort(x.astype(np.int64) + u)) for x, u in zip(ends, utc, strict=True)]
     best: dict[int, tuple[float, int]] = {}  # export -> (share of its ends coinciding, offset)
     todo = {e for e, x in enumerate(ends) if e != ref and len(x) >= MIN_MATCHES}
-    newest = ref
+    # first every export against the reference: most coincide with it on most of their ends (a
+    # communicator spanning the job), and are aligned at once; the others grow the tree
+    y = np.sort(ends[ref].astype(np.int64) + offsets[ref])
+    for e in sorted(todo):
+        found = _pair(own[e], y)
+        if found is not None:
+            best[e] = (found[0], utc[e] + found[1])
+            if found[0] >= _SHARED:
+                offsets[e], decided[e] = best[e][1], True
+    todo = {e for e in todo if not decided[e]}
+    # the rest, one at a time: each against the aligned exports (near it in export order, past
+    # _ALL_PAIRS), the best coinciding aligned first, and the others then against it too
+    fresh = [e for e, d in enumerate(decided) if d and e != ref]
     while todo:
-        y = np.sort(ends[newest].astype(np.int64) + offsets[newest])
-        for e in todo:
-            if (
-                len(ends) > _ALL_PAIRS
-                and newest != ref
-                and (abs(e - newest) > _NEAR or best.get(e, (0.0, 0))[0] >= 0.5)
-            ):
-                continue
-            found = _pair(own[e], y)
-            if found is not None and found[0] > best.get(e, (0.0, 0))[0]:
-                best[e] = (found[0], utc[e] + found[1])
+        for a in fresh:
+            y = np.sort(ends[a].astype(np.int64) + offsets[a])
+            for e in todo:
+                if len(ends) > _ALL_PAIRS and abs(e - a) > _NEAR:
+                    continue
+                found = _pair(own[e], y)
+                if found is not None and found[0] > best.get(e, (0.0, 0))[0]:
+                    best[e] = (found[0], utc[e] + found[1])
         ready = [e for e in todo if e in best]
         if not ready:
             break
@@ -85,6 +100,7 @@ def coarse(ends: list[np.ndarray], utc: list[int]) -> tuple[list[int], list[bool
         offsets[newest] = best[newest][1]
         decided[newest] = True
         todo.discard(newest)
+        fresh = [newest]
     return offsets, decided
 
 
@@ -107,20 +123,22 @@ def _pair(x: np.ndarray, y: np.ndarray) -> tuple[float, int] | None:
     d = y[at] - x[which]
     bins = np.round(d / BIN_NS).astype(np.int64)
     values, counts = np.unique(bins, return_counts=True)
-    # coincidences within a bin of each other: the bin and its neighbouring bins (by value)
+    # the busiest bins (a bin and its neighbours), each judged by the ends of ``x`` within ``TIGHT_NS``
+    # of its median: a partner's ends agree to a few us, the program's rhythm only to tens
     near = counts + _count_at(values, counts, values - 1) + _count_at(values, counts, values + 1)
-    top = int(near.max())
-    strong = near >= max(MIN_MATCHES, top - max(1, int(0.02 * top)))
-    if not strong.any():
+    busy = values[np.argsort(-near, kind="stable")[:_CANDIDATES]]
+    centers, held = [], []
+    for b in busy:
+        center = float(np.median(d[np.abs(bins - b) <= 1]))
+        centers.append(center)
+        held.append(len(distinct(which[np.abs(d - center) <= TIGHT_NS])))
+    top = max(held, default=0)
+    strong = [i for i, h in enumerate(held) if h >= max(MIN_MATCHES, top - max(1, int(0.02 * top)))]
+    if not strong:
         return None
-    candidates = values[strong]
-    best = candidates[np.argmin(np.abs(candidates))]
-    # the coincidences around that bin (its neighbours counted), re-centred on their median
-    center = float(np.median(d[np.abs(d - best * BIN_NS) <= 2 * BIN_NS]))
-    close = np.abs(d - center) <= BIN_NS
-    if close.sum() < MIN_MATCHES:
-        return None
-    return min(1.0, float(close.sum()) / len(x)), int(np.median(d[close]))
+    pick = min(strong, key=lambda i: abs(centers[i]))
+    close = np.abs(d - centers[pick]) <= TIGHT_NS
+    return held[pick] / len(x), int(np.median(d[close]))
 
 
 def _count_at(values: np.ndarray, counts: np.ndarray, wanted: np.ndarray) -> np.ndarray:

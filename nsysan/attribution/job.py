@@ -69,6 +69,8 @@ class JobAttribution:
     unjudged: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     gaps: pd.DataFrame = field(default_factory=pd.DataFrame)  # idle gaps: rank, step, start/end, cause, node
+    _gap_index: dict[Any, np.ndarray] | None = field(default=None, repr=False, compare=False)
+    _by_group: tuple[np.ndarray, ...] | None = field(default=None, repr=False, compare=False)
 
     @property
     def wall_ns(self) -> int:
@@ -92,6 +94,20 @@ class JobAttribution:
         return [(e.action, np.asarray(e.nodes, dtype=np.int64), np.asarray(e.amounts, dtype=np.float64))
                 for e in cause.edits if e.nodes]  # fmt: skip
 
+    def gaps_of(self, rank: int, steps: np.ndarray, causes: list[int]) -> pd.DataFrame:
+        """The idle gaps of ``rank`` in ``steps`` with one of ``causes`` (indexes of IDLE_CAUSES),
+        found through an index of the gaps by (rank, cause) built once: each finding asks."""
+        if self._gap_index is None:
+            g = self.gaps
+            index = g.groupby([g["rank"].to_numpy(), g["cause"].to_numpy()]).indices if len(g) else {}
+            self._gap_index = {k: np.asarray(v) for k, v in index.items()}
+        rows = [self._gap_index.get((rank, c)) for c in causes]
+        at = (
+            np.concatenate([r for r in rows if r is not None]) if any(r is not None for r in rows) else np.empty(0, int)
+        )
+        gaps = self.gaps.iloc[np.sort(at)]
+        return gaps[np.isin(gaps["step"].to_numpy(), steps)]
+
     def host_catch_up(self, rank: int, steps: np.ndarray, causes: list[int]) -> tuple[Edit, ...]:
         """Edits for a host that lost no time to ``causes`` (indexes of IDLE_CAUSES) in ``steps`` of
         ``rank``: each launch made earlier by the idle of those causes that came before it in its
@@ -99,9 +115,8 @@ class JobAttribution:
         by the idle of its previous epoch."""
         if self.graph is None or self.gaps.empty:
             return ()
-        g = self.gaps
-        sel = (g["rank"] == rank) & g["step"].isin(steps) & g["cause"].isin(causes) & (g["node"] >= 0)
-        gaps = g[sel.to_numpy()]
+        gaps = self.gaps_of(rank, steps, causes)
+        gaps = gaps[gaps["node"].to_numpy() >= 0]
         if gaps.empty:
             return ()
         topo, edges = self.graph.topo, self.graph.edges
@@ -148,9 +163,8 @@ class JobAttribution:
         after those gaps waited for no longer wait for the GPU (their host work stays)."""
         if self.graph is None or self.gaps.empty:
             return ()
-        g = self.gaps
-        sel = (g["rank"] == rank) & g["step"].isin(steps) & g["cause"].isin(causes) & (g["node"] >= 0)
-        nodes = g.loc[sel.to_numpy(), "node"].to_numpy(dtype=np.int64)
+        nodes = self.gaps_of(rank, steps, causes)["node"].to_numpy(dtype=np.int64)
+        nodes = nodes[nodes >= 0]
         if not len(nodes):
             return ()
         topo, kind = self.graph.topo, self.graph.edges["kind"].to_numpy()
@@ -158,6 +172,22 @@ class JobAttribution:
         epochs = distinct(topo.src[rows[kind[rows] == EDGE["launch"]]])
         epochs = epochs[self.graph.nodes["kind"].to_numpy()[epochs] == KIND["epoch"]] if len(epochs) else epochs
         return (Edit("unblock", nodes=tuple(epochs.tolist())),) if len(epochs) else ()
+
+    def with_participants(self, ops: np.ndarray) -> np.ndarray:
+        """Rows of ``comm``: ``ops`` and every participant of their operations (the members of
+        their collectives, their send/recv partners), sorted, found by binary search in the
+        groups and partners sorted once."""
+        if self._by_group is None:
+            group = self.comm["group"].to_numpy(dtype=np.int64) if "group" in self.comm else np.empty(0, np.int64)
+            order = np.argsort(group, kind="stable")
+            partners = self.participants.partners() if self.participants is not None else pd.DataFrame(
+                {"i": np.empty(0, np.int64), "j": np.empty(0, np.int64)})  # fmt: skip
+            self._by_group = (group, order, group[order], partners["i"].to_numpy(), partners["j"].to_numpy())
+        group, order, sorted_group, pi, pj = self._by_group
+        ops = np.asarray(ops, dtype=np.int64)
+        wanted = distinct(group[ops][group[ops] >= 0]) if len(ops) else np.empty(0, np.int64)
+        parts = [ops, _ranges(order, sorted_group, wanted), _ranges(pj, pi, distinct(ops))]
+        return distinct(np.concatenate(parts))
 
     def comm_nodes(self, ops: np.ndarray, kind: str) -> np.ndarray:
         """The graph nodes (``kind`` "arrival" or "end") of NCCL operations ``ops`` (-1: none)."""
@@ -209,6 +239,16 @@ class JobAttribution:
                 per = ((1 - pairs[:, 0]) * nodes["compute_ns"].to_numpy()[ids]
                        + (1 - pairs[:, 1]) * nodes["copy_ns"].to_numpy()[ids])  # fmt: skip
             assert per is not None
+            if action in ("shorten", "scale") and len(ids):
+                # several operations of one segment: their shortenings add up on its node; a
+                # scale is the node's own (whichever of its operations named it)
+                ids, at = np.unique(ids, return_inverse=True)
+                if action == "shorten":
+                    per = np.bincount(at, weights=per, minlength=len(ids))
+                else:
+                    per_node = np.zeros(len(ids))
+                    np.maximum.at(per_node, at, per)
+                    per = per_node
             rows, which = _in_edges(topo, ids)
             by = per[which]
             if action in ("shorten", "scale"):
@@ -387,6 +427,15 @@ def _per_node(amounts: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def _ranges(values: np.ndarray, keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``values`` whose ``keys`` (sorted) are one of ``wanted``."""
+    lo, hi = np.searchsorted(keys, wanted, side="left"), np.searchsorted(keys, wanted, side="right")
+    n = hi - lo
+    at = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+    out: np.ndarray = values[at]
+    return out
+
+
 def _in_edges(topo: Topology, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The in-edge rows of nodes ``ids`` and, per row, the position in ``ids`` of its node."""
     lo, hi = topo.in_start[ids], topo.in_start[ids + 1]
@@ -481,8 +530,8 @@ def _assemble(
     """The job's graph from the exports' parts: one source, times on the job clock from its origin,
     and a join node per NCCL operation matched across ranks."""
     total = sum(len(p.graph.nodes) for p in parts)
-    if total == 0:
-        return None
+    if total == 0 or any(len(p.graph.nodes) == 0 and len(p.windows) for p in parts):
+        return None  # an export whose map sent no graph (past its budget: its note says so)
     if total > MAX_GRAPH_NODES:
         notes.append(f"What-if replay skipped: the job's dependency graph has {total:,} nodes (limit "
                      f"{MAX_GRAPH_NODES:,}); recoverable_ns is 0 for every finding and severity falls back to the "

@@ -85,10 +85,12 @@ class AttributionPart:
         )
 
 
-def map_attribution(trace: Trace, step_pattern: str, findings: dict[str, list[Finding]] | None = None) -> tuple[
-        AttributionPart, dict[str, list[Finding]]]:  # fmt: skip
+def map_attribution(
+    trace: Trace, step_pattern: str, findings: dict[str, list[Finding]] | None = None, graph_budget: int | None = None
+) -> tuple[AttributionPart, dict[str, list[Finding]]]:
     """The attribution's part of ``trace`` (one export, index 0), and ``findings`` (the per-export
-    detectors', by kind) with their causes' operations resolved to graph nodes."""
+    detectors', by kind) with their causes' operations resolved to graph nodes. A graph of more
+    than ``graph_budget`` nodes is not sent (the reduce then replays nothing and says so)."""
     ops = gpu_ops(trace)
     ops["row"] = np.arange(len(ops))
     steps = find_steps(trace, step_pattern, ops)
@@ -144,6 +146,12 @@ def map_attribution(trace: Trace, step_pattern: str, findings: dict[str, list[Fi
         late = ~np.isnan(hit)
         launch.loc[late, "launch_ns"] = hit[late].astype(np.int64)
     graph, op_node, call_node = build_part(ops, launch, blocking, events, step_of, comm_of)
+    notes = []
+    if graph_budget is not None and len(graph.nodes) > graph_budget:
+        notes.append(f"What-if replay skipped: this export's dependency graph has {len(graph.nodes):,} nodes, past its "
+                     f"share ({graph_budget:,}) of the job's limit; recoverable_ns is 0 for every finding.")  # fmt: skip
+        graph, op_node = GraphPart.empty(), np.full(len(op_node), -1, dtype=np.int64)
+        call_node = call_node.iloc[0:0]
 
     breakdown = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=MAP_COLUMNS)
     piece_table = pd.concat(pieces, ignore_index=True) if pieces else pd.DataFrame(columns=PIECE_COLUMNS)
@@ -155,7 +163,7 @@ def map_attribution(trace: Trace, step_pattern: str, findings: dict[str, list[Fi
     gap_table = gap_table.drop(columns="next_row")
     part = AttributionPart(
         source=steps.source, detail=steps.detail, windows=windows[WINDOW_COLUMNS], breakdown=breakdown,
-        pieces=piece_table, gaps=gap_table, comm=comm, legs=legs, members=members, graph=graph,
+        pieces=piece_table, gaps=gap_table, comm=comm, legs=legs, members=members, graph=graph, notes=notes,
     )  # fmt: skip
     resolver = _Resolver(ops, op_node, call_node)
     resolved = {kind: [resolver.finding(f) for f in found] for kind, found in (findings or {}).items()}

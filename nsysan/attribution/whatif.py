@@ -23,6 +23,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 
+from nsysan.arrays import distinct
+
 EPSILON_NS = 0.5
 
 
@@ -30,9 +32,11 @@ EPSILON_NS = 0.5
 class _Csr:
     order: np.ndarray  # edge rows sorted by (source, destination)
     starts: np.ndarray  # where each (source, destination) pair starts in ``order``
-    indptr: np.ndarray
-    indices: np.ndarray
     floor: np.ndarray  # per node, the super-source's edge: 0 for nodes with no in-edges, else its time
+    slack: np.ndarray  # per edge, its recorded slack (>= 0)
+    data: np.ndarray  # per matrix entry, the least slack of its pair's edges, then the floors
+    pair_of: np.ndarray  # per edge, its pair (matrix entry)
+    matrix: sp.csr_matrix  # the recorded graph; a scenario replaces the entries its edits touch
 
 
 @dataclass
@@ -88,7 +92,12 @@ class Topology:
             indices = np.concatenate([d[starts], np.arange(self.n)])
             has_in = np.diff(self.in_start) > 0
             floor = np.where(has_in, np.maximum(self.time, 0.0), 0.0)
-            self._csr = _Csr(order, starts, indptr, indices, floor)
+            slack = np.maximum(self.slack(), 0.0)
+            data = np.concatenate([np.minimum.reduceat(slack[order], starts), floor]) if len(starts) else floor
+            pair_of = np.empty(len(order), dtype=np.int64)
+            pair_of[order] = np.cumsum(first) - 1
+            matrix = sp.csr_matrix((data, indices, indptr), shape=(self.n + 1, self.n + 1))
+            self._csr = _Csr(order, starts, floor, slack, data, pair_of, matrix)
         return self._csr
 
     def slack(self) -> np.ndarray:
@@ -115,19 +124,25 @@ def replay(topo: Topology, edits: list[dict[int, float]], nodes: np.ndarray) -> 
     if g == 0 or not len(nodes):
         return out
     csr = topo.csr()
-    base = topo.slack()
+    bounds = np.append(csr.starts, len(csr.order))
     for k, scenario in enumerate(edits):
         if not scenario:
             continue
         rows = np.fromiter(scenario.keys(), dtype=np.int64, count=len(scenario))
         weight = np.fromiter(scenario.values(), dtype=np.float64, count=len(scenario))
-        slack = base.copy()
+        slack = csr.slack.copy()
         slack[rows] = np.where(
-            np.isneginf(weight), np.inf, topo.time[topo.dst[rows]] - topo.time[topo.src[rows]] - weight
+            np.isneginf(weight), np.inf, np.maximum(topo.time[topo.dst[rows]] - topo.time[topo.src[rows]] - weight, 0)
         )
-        data = np.concatenate([np.minimum.reduceat(np.maximum(slack[csr.order], 0.0), csr.starts), csr.floor])
-        graph = sp.csr_matrix((data, csr.indices, csr.indptr), shape=(topo.n + 1, topo.n + 1))
-        moved = np.asarray(dijkstra(graph, directed=True, indices=topo.n), dtype=np.float64)[: topo.n]
+        # only the entries of the pairs the edits touch change: the least slack of each one's edges
+        touched = distinct(csr.pair_of[rows])
+        lo, hi = bounds[touched], bounds[touched + 1]
+        n = hi - lo
+        at = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
+        data = csr.data.copy()
+        data[touched] = np.minimum.reduceat(slack[csr.order[at]], np.cumsum(n) - n)
+        csr.matrix.data = data
+        moved = np.asarray(dijkstra(csr.matrix, directed=True, indices=topo.n), dtype=np.float64)[: topo.n]
         shift = -np.minimum(moved[nodes], csr.floor[nodes])
         out[:, k] = np.where(shift < -EPSILON_NS, shift, 0.0)
     return out

@@ -78,12 +78,7 @@ def _finding(att: JobAttribution, ep: pd.DataFrame) -> Finding:
         matched = mine["matched"].to_numpy(dtype=bool)
         unknown = int(mine.loc[~matched, "exposed_ns"].sum())
         mine = mine[matched]
-        groups = mine["group"].to_numpy()
-        everyone = c.index[c["group"].isin(groups[groups >= 0])].to_numpy()
-        if att.participants is not None and len(att.participants.edges):
-            e = att.participants.partners()
-            everyone = np.union1d(everyone, e["j"].to_numpy()[np.isin(e["i"].to_numpy(), mine.index.to_numpy())])
-        ops = np.union1d(mine.index.to_numpy(), everyone)
+        ops = att.with_participants(mine.index.to_numpy())
         ends = att.comm_nodes(c["op"].to_numpy()[ops], "end")
         ends = ends[ends >= 0]
     return Finding(

@@ -97,8 +97,7 @@ def _finding(att: JobAttribution, ep: pd.DataFrame, cause: str) -> Finding:
     steps = ep["step"].to_numpy()
     idle = int(ep["amount"].sum())
     length = int((ep["end_ns"] - ep["start_ns"]).sum())
-    gaps = att.gaps
-    mine = gaps[(gaps["rank"] == rank) & gaps["step"].isin(steps) & (gaps["cause"] == IDLE_CAUSES.index(cause))]
+    mine = att.gaps_of(rank, steps, [IDLE_CAUSES.index(cause)])
     longest = mine.assign(length=mine["end_ns"] - mine["start_ns"]).sort_values("length", ascending=False).head(5)
     # removed: a host that lost none of that time runs that far ahead of where it was
     if cause in ("sync", "blocked_launch"):  # the host stops blocking there

@@ -19,13 +19,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from nsysan.attribution.job import JobAttribution
+from nsysan.attribution.job import JobAttribution, reduce_attribution
+from nsysan.attribution.part import map_attribution
 from nsysan.detect.common import SeverityParams, grade, run_ns
 from nsysan.detect.registry import JobFacts, Verdicts, registered
 from nsysan.findings import Cause, Finding, Severity
 from nsysan.ingest.frames import concat_frames
 from nsysan.ingest.trace import Trace
 from nsysan.memory import release_freed_memory
+from nsysan.steps import DEFAULT_STEP_PATTERN
 
 Settings = dict[str, dict[str, float]]
 
@@ -144,7 +146,8 @@ def assess(graded: list[tuple[Finding, int, Any]], attribution: JobAttribution |
             out += grade(pairs, p) if isinstance(p, SeverityParams) else [f for f, _ in pairs]
         return out
     assert attribution is not None
-    recoverable = _recoverable(findings, attribution)
+    warning = min((p.warning_share for _, _, p in graded if isinstance(p, SeverityParams)), default=0.01)
+    recoverable = _recoverable(findings, attribution, warning)
     totals: dict[str, float] = {}
     for f, r in zip(findings, recoverable, strict=True):
         key = f.group or f"#{id(f)}"
@@ -164,27 +167,49 @@ def assess(graded: list[tuple[Finding, int, Any]], attribution: JobAttribution |
     return out
 
 
-def _recoverable(findings: list[Finding], attribution: JobAttribution) -> np.ndarray:
-    """Per finding, its share of its family's saving (see :func:`assess`)."""
+REPLAY_WORK = 10_000_000  # graph nodes x scenarios the replays of one report may visit (~6 s here)
+
+
+def _recoverable(findings: list[Finding], attribution: JobAttribution, small: float) -> np.ndarray:
+    """Per finding, its share of its family's saving (see :func:`assess`).
+
+    Replays are bounded by ``REPLAY_WORK`` (a scenario visits every node of the graph once):
+    - past as many families as that allows, each kind's families are replayed as one (the
+      kind's causes removed together, shared by impact): 64 late ranks of a 64-rank job, one replay;
+    - a family's members are replayed alone only while the budget lasts, largest families first,
+      and only where the split matters: a family whose causes removed together save less than
+      ``small`` of the job is info however it is split (eight slowdown findings worth 0.005% of
+      the 1M-kernel benchmark: eight replays saved), and shares its saving by impact.
+    """
     out = np.zeros(len(findings))
     with_cause = [i for i, f in enumerate(findings) if f.cause is not None and f.cause.edits]
-    if not with_cause:
+    if not with_cause or attribution.graph is None:
         return out
+    budget = max(1, REPLAY_WORK // max(attribution.graph.topo.n, 1))
     causes = {i: attribution.globalize(findings[i].cause) for i in with_cause}  # type: ignore[arg-type]
     families: dict[str, list[int]] = {}
     for i in with_cause:
         families.setdefault(causes[i].family, []).append(i)
-    singles = [causes[i] for i in with_cause]
-    several = {name: members for name, members in families.items() if len(members) > 1}
-    joint = [Cause(name, tuple(e for i in members for e in causes[i].edits)) for name, members in several.items()]
-    saved = attribution.savings([*singles, *joint])  # a family of one saves what its finding saves alone
-    alone = dict(zip(with_cause, saved[: len(with_cause)], strict=True))
-    totals = dict(zip(several, saved[len(with_cause) :], strict=True))
-    for name, members in families.items():
-        total = totals.get(name, alone[members[0]])
-        own = np.array([alone[i] for i in members])
+    if len(families) > budget:
+        families = {}
+        for i in with_cause:
+            families.setdefault(findings[i].kind, []).append(i)
+    names = list(families)
+    joint = [Cause(name, tuple(e for i in families[name] for e in causes[i].edits)) for name in names]
+    totals = dict(zip(names, attribution.savings(joint), strict=True))
+    wall, left = max(attribution.wall_ns, 1), budget - len(names)
+    alone_needed: list[int] = []
+    for name in sorted(names, key=lambda n: -totals[n]):
+        members = families[name]
+        if len(members) > 1 and totals[name] >= small * wall and len(members) <= left:
+            alone_needed += members
+            left -= len(members)
+    alone = dict(zip(alone_needed, attribution.savings([causes[i] for i in alone_needed]), strict=True))
+    for name in names:
+        members, total = families[name], totals[name]
         impact = np.array([max(float(findings[i].impact_ns), 0.0) for i in members])
         impact = impact if impact.sum() > 0 else np.ones(len(members))
+        own = np.array([alone.get(i, 0.0) for i in members])
         # what each removal saves alone is its own (scaled down where they overlap); what they save
         # only together (causes on symmetric ranks each hidden behind the others) is shared by impact
         alone_part = own * min(1.0, total / own.sum()) if own.sum() > 0 else own
@@ -220,11 +245,22 @@ def _take_tables(parts: list[DetectorParts], kind: str) -> dict[str, pd.DataFram
     return {name: concat_frames([tables.pop(name) for tables in taken if name in tables]) for name in names}
 
 
-def run_detectors(trace: Trace, settings: Settings | None = None) -> list[Finding]:
+def run_detectors(
+    trace: Trace, settings: Settings | None = None, step_pattern: str = DEFAULT_STEP_PATTERN
+) -> list[Finding]:
     """Every registered detector's findings on ``trace``, worst first: the map on each export in
-    turn, in this process, then the reduce."""
-    parts = []
+    turn (the detectors', then the step attribution's), in this process, then the reduce (the
+    attribution's, then the detectors', with every finding's recoverable time), as
+    :func:`nsysan.analysis.analyse` does for the report."""
+    from nsysan.detect.nccl_ordering_stall import matching  # the registry's detectors import this module
+
+    parts, attribution = [], []
     for index in range(len(trace.exports)):
         with trace.export_alone(index) as one:
-            parts.append(map_detectors(one, settings).with_export(index))
-    return reduce_detectors(parts, [int(c) for c in trace.job_clock()], settings)
+            part = map_detectors(one, settings)
+            att, found = map_attribution(one, step_pattern, part.findings)
+            part.findings = {kind: [f.in_export(index) for f in fs] for kind, fs in found.items()}
+            parts.append(part.with_export(index))
+            attribution.append(att.with_export(index))
+    job = reduce_attribution(attribution, [int(c) for c in trace.job_clock()], matching(settings))
+    return reduce_detectors(parts, job.clock.offsets, settings, attribution=job)

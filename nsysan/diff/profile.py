@@ -7,17 +7,18 @@ job can diff against without keeping the trace. Everything is computed per rank 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
+from nsysan.attribution.part import AttributionPart, map_attribution
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.nccl import attach_nccl_bytes, is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import union_ns
 from nsysan.overview import copy_table
-from nsysan.steps import DEFAULT_STEP_PATTERN, Steps, check_pattern, find_steps
+from nsysan.steps import DEFAULT_STEP_PATTERN, Steps, check_pattern
 
 PROFILE_VERSION = 1
 # META_DATA_CAPTURE rows that differ on every run (ids, durations, times), not capture options
@@ -74,44 +75,28 @@ def kernel_table(k: pd.DataFrame) -> list[dict[str, Any]]:
     return _kernel_rows(g.sort_values("total_ns", ascending=False).reset_index())
 
 
-def _per_step(trace: Trace, k: pd.DataFrame, steps: pd.DataFrame) -> dict[str, dict[str, list[float]]]:
-    """Per rank and step: duration, GPU busy share and NCCL kernel time of the work that started
-    inside the step (searchsorted into the rank's step windows)."""
+def _per_step(part: AttributionPart) -> dict[str, dict[str, list[float]]]:
+    """Per rank and step: duration, GPU busy share (the step less its idle, from the report's step
+    breakdown: one implementation of both) and the time of the NCCL kernels that started inside it."""
     out: dict[str, dict[str, list[float]]] = {}
-    activity = _activity(trace, k)
-    nccl = k[is_communication(k)] if len(k) else k
-    for rank, s in steps.groupby("rank"):
-        s = s.sort_values("start_ns")
-        starts, ends = s["start_ns"].to_numpy(), s["end_ns"].to_numpy()
+    b, comm = part.breakdown, part.comm
+    c_rank = comm["rank"].to_numpy(dtype=np.int64) if len(comm) else np.empty(0, dtype=np.int64)
+    for rank, rows in sorted(b.groupby("rank").indices.items()):
+        s = b.iloc[rows].sort_values("step")
+        starts, ends = s["start_ns"].to_numpy(dtype=np.int64), s["end_ns"].to_numpy(dtype=np.int64)
         length = ends - starts
-        a, ia = _in_steps(activity, rank, starts, ends)
-        devices = max(a["device"].nunique(), 1)
-        busy = union_ns(a.assign(step=ia), ["step", "device"])
-        busy = (
-            busy.groupby(level="step").sum().reindex(range(len(s)), fill_value=0)
-            if len(busy)
-            else pd.Series(0, index=range(len(s)))
-        )
-        n, i_n = _in_steps(nccl, rank, starts, ends)
-        nccl_ns = (
-            np.bincount(i_n, weights=(n["end_ns"] - n["start_ns"]).to_numpy(), minlength=len(s))
-            if len(n)
-            else np.zeros(len(s))
-        )
-        out[str(int(rank))] = {  # type: ignore[arg-type]  # key of the int64 rank column
+        busy = length - s["idle_ns"].to_numpy(dtype=np.int64)
+        mine = comm[c_rank == int(cast(int, rank))]
+        start = mine["start_ns"].to_numpy(dtype=np.int64)
+        i = np.searchsorted(starts, start, side="right") - 1
+        ok = (i >= 0) & (start < ends[i.clip(0)])
+        dur = (mine["end_ns"].to_numpy(dtype=np.int64) - start)[ok]
+        out[str(int(cast(int, rank)))] = {
             "step_ns": length.astype(float).tolist(),
-            "busy_pct": (100.0 * busy.to_numpy() / np.maximum(length * devices, 1)).round(3).tolist(),
-            "nccl_ns": nccl_ns.tolist(),
+            "busy_pct": (100.0 * busy / np.maximum(length, 1)).round(3).tolist(),
+            "nccl_ns": np.bincount(i[ok], weights=dur, minlength=len(s)).tolist(),
         }
     return out
-
-
-def _in_steps(frame: pd.DataFrame, rank: Any, starts: np.ndarray, ends: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
-    """The rank's rows of ``frame`` that start inside one of its steps, and that step's index."""
-    f = frame[frame["rank"] == rank]
-    i = np.searchsorted(starts, f["start_ns"].to_numpy(), side="right") - 1
-    ok = (i >= 0) & (f["start_ns"].to_numpy() < ends[i.clip(0)])
-    return f[ok], i[ok]
 
 
 def _activity(trace: Trace, k: pd.DataFrame) -> pd.DataFrame:
@@ -223,19 +208,24 @@ def _capture(parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def profile_part(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN, found: Steps | None = None) -> dict[str, Any]:
+def profile_part(
+    trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN, attribution: list[AttributionPart] | None = None
+) -> dict[str, Any]:
     """The profile figures of ``trace`` (one export on a worker, or a whole job), per rank, for
-    :func:`merge_profiles`. Steps come from :func:`nsysan.steps.find_steps` (``found``: what it
-    returned for ``trace`` when the caller already asked, as the report's attribution does), the
-    same windows the report's attribution uses; whether the job's steps are NVTX's or the kernel
-    sequence's is the job's choice, so each part says which it found."""
+    :func:`merge_profiles`. Steps and their figures come from the report's attribution
+    (``attribution``: each export's part, when the caller has mapped them, as the report does;
+    else mapped here), the same windows and breakdown the report uses; whether the job's steps are
+    NVTX's or the kernel sequence's is the job's choice, so each part says which it found."""
     check_pattern(step_pattern)
     k = _kernels(trace)
     ranks = trace.ranks
     m = trace.memcpy
-    steps = find_steps(trace, step_pattern) if found is None else found
-    windows = steps.windows[["rank", "start_ns", "end_ns"]]
-    per = _per_step(trace, k, windows) if len(windows) and steps.source in ("nvtx", "kernel_sequence") else {}
+    parts = attribution if attribution is not None else _map_attribution(trace, step_pattern)
+    sources = [p.source for p in parts if p.source]
+    source = max(set(sources), key=sources.count) if sources else None
+    detail = next((p.detail for p in parts if p.source == source), None)
+    per = {r: v for p in parts if p.source in ("nvtx", "kernel_sequence") for r, v in _per_step(p).items()}
+    steps = Steps(source, detail, pd.DataFrame())
     return {
         "ranks": sorted(int(r) for r in ranks["rank"].dropna().unique()),
         "rank_sources": sorted(str(x) for x in ranks["rank_source"].dropna().unique())
@@ -249,6 +239,14 @@ def profile_part(trace: Trace, step_pattern: str = DEFAULT_STEP_PATTERN, found: 
         "ranks_table": _rank_table(trace, k),
         "kernels": kernel_table(k),
     }
+
+
+def _map_attribution(trace: Trace, step_pattern: str) -> list[AttributionPart]:
+    parts = []
+    for i in range(len(trace.exports)):
+        with trace.export_alone(i) as one:
+            parts.append(map_attribution(one, step_pattern)[0])
+    return parts
 
 
 def merge_profiles(parts: list[dict[str, Any]], nccl: list[dict[str, Any]], copies: list[dict[str, Any]],
