@@ -1,5 +1,6 @@
 """Where each rank's step time went, as a stacked bar chart: the report document's ``steps`` section
-(``nsysan report --format json``; the store keeps it with the trace's summary).
+(``nsysan report --format json``; the store keeps it in a table of its own, ``trace_steps``, read by
+``ReviewStore.steps``, never with the trace's summary).
 
 One bar per rank and step, stacked by the five categories in a fixed order and colour (compute,
 communication exposed, waiting for peer, copy exposed, idle; per step they add up to the step's

@@ -71,7 +71,8 @@ def test_compute_on_overlapping_streams_without_communication_is_not_a_slowdown(
         con.execute("DROP TABLE IF EXISTS CUPTI_ACTIVITY_KIND_MEMCPY")
         con.commit()
         con.close()
-    assert findings(paths) == []
+    # the gaps the deleted kernels leave are the step attribution's (gpu_idle), not a slowdown
+    assert findings(paths, "comm_compute_slowdown") == []
 
 
 def test_no_overhead_rows_no_command_buffer_finding(tmp_path):

@@ -173,10 +173,10 @@ class JobAttribution:
         epochs = epochs[self.graph.nodes["kind"].to_numpy()[epochs] == KIND["epoch"]] if len(epochs) else epochs
         return (Edit("unblock", nodes=tuple(epochs.tolist())),) if len(epochs) else ()
 
-    def with_participants(self, ops: np.ndarray) -> np.ndarray:
+    def with_participants(self, ops: np.ndarray, collectives: bool = True) -> np.ndarray:
         """Rows of ``comm``: ``ops`` and every participant of their operations (the members of
-        their collectives, their send/recv partners), sorted, found by binary search in the
-        groups and partners sorted once."""
+        their collectives unless not ``collectives``, their send/recv partners), sorted, found by
+        binary search in the groups and partners sorted once."""
         if self._by_group is None:
             group = self.comm["group"].to_numpy(dtype=np.int64) if "group" in self.comm else np.empty(0, np.int64)
             order = np.argsort(group, kind="stable")
@@ -185,7 +185,7 @@ class JobAttribution:
             self._by_group = (group, order, group[order], partners["i"].to_numpy(), partners["j"].to_numpy())
         group, order, sorted_group, pi, pj = self._by_group
         ops = np.asarray(ops, dtype=np.int64)
-        wanted = distinct(group[ops][group[ops] >= 0]) if len(ops) else np.empty(0, np.int64)
+        wanted = distinct(group[ops][group[ops] >= 0]) if len(ops) and collectives else np.empty(0, np.int64)
         parts = [ops, _ranges(order, sorted_group, wanted), _ranges(pj, pi, distinct(ops))]
         return distinct(np.concatenate(parts))
 
@@ -353,7 +353,11 @@ def reduce_attribution(
     ends = [p.comm["end_ns"].to_numpy(dtype=np.int64) for p in parts]
     for p in parts:  # held once, by the join: 10M operations at 1,024 ranks
         p.comm = p.comm.iloc[0:0]
-    offsets, _decided = clocks.coarse(ends, utc) if len(parts) > 1 else (list(utc), [False] * len(parts))
+    # NCCL's payloads name every operation's communicator: its participants are known whatever the
+    # clock, and the refinement below aligns on them; the coarse pass is for matching by position
+    named = len(comm) > 0 and float(comm["comm_id"].notna().mean()) >= 0.9 if "comm_id" in comm else False
+    coarse = len(parts) > 1 and not named
+    offsets, _decided = clocks.coarse(ends, utc) if coarse else (list(utc), [False] * len(parts))
     participants = None
     group = np.full(len(comm), -1, dtype=np.int64)
     if len(comm):

@@ -7,9 +7,11 @@ the rank's GPU; the time before the last participant arrived is ``waiting_for_pe
 ``min_exposed_ns`` and ``min_share`` of the step. The evidence names the operations that were
 exposed longest.
 
-Removing the cause: those operations' transfers take no time on any of their participants (the
-graph's transfer edges zeroed), replayed for ``recoverable_ns``: what hiding the communication
-completely would save, an upper bound for overlapping it better. Operations that were matched with
+Removing the cause: those operations' transfers take no time on the rank and on their send/recv
+partners (the graph's transfer edges zeroed); a collective's other members are their own ranks'
+findings, and the family (the whole job) removes every rank's together. Replayed for
+``recoverable_ns``: what hiding the communication completely would save, an upper bound for
+overlapping it better. Operations that were matched with
 no participant are left out of the edits (how much of their time was transfer is unknown) and
 counted in the evidence (``unmatched_ns``). Group and family: the whole job, whatever the rank
 (the same collectives on every rank; one fix, overlapping them, for all).
@@ -78,7 +80,9 @@ def _finding(att: JobAttribution, ep: pd.DataFrame) -> Finding:
         matched = mine["matched"].to_numpy(dtype=bool)
         unknown = int(mine.loc[~matched, "exposed_ns"].sum())
         mine = mine[matched]
-        ops = att.with_participants(mine.index.to_numpy())
+        # its own operations and their send/recv partners: a collective's other members are each
+        # their own rank's finding, and the family (the whole job) removes them all together
+        ops = att.with_participants(mine.index.to_numpy(), collectives=False)
         ends = att.comm_nodes(c["op"].to_numpy()[ops], "end")
         ends = ends[ends >= 0]
     return Finding(
