@@ -36,6 +36,8 @@ class Mutant:
 ORDERING = ("tests/test_ordering_truth.py",)
 GRAPH_CBF = ("tests/test_graph_cbf_truth.py",)
 SLOWDOWN = ("tests/test_slowdown_truth.py",)
+# each sample's own finding at the severity its recoverable share of the job gives it
+SEVERITY = ("tests/test_detector_scenarios.py", "-k", "appear_in_every_format")
 # the real export's test needs ../shared, which the mutant's copy of the repository lacks
 SLICES = ("tests/test_slices.py", "-k", "not real_two_gpu")
 WAKEUPS = ("tests/test_transport_wakeups.py",)
@@ -74,7 +76,7 @@ MUTANTS: tuple[Mutant, ...] = (
            'warning_share: float = param(0.01, "impact / run length at which a finding becomes a warning")\n'
            '    critical_share: float = param(0.05,',
            'warning_share: float = param(0.05, "impact / run length at which a finding becomes a warning")\n'
-           '    critical_share: float = param(0.01,', ORDERING),
+           '    critical_share: float = param(0.01,', SEVERITY),
     Mutant("slices: each slice weighed against its own run, not the export's", "nsysan/analysis.py",
            "            with trace.export_alone(index, part, run) as one:",
            "            with trace.export_alone(index, part, None) as one:", SLICES),

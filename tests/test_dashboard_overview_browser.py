@@ -75,10 +75,11 @@ def test_markers_are_clustered_per_group_and_row_with_counts(browser, served):
     markers = page.evaluate(f"document.querySelector('{GRAPH}').data.filter(t => t.name === 'findings')"
                             ".map(t => ({text: t.text, x: t.x}))")  # fmt: skip
     report = _report("overlap-slowdown")
-    assert len(report["findings"]) == 6 and len(markers) == 1
+    n = len(report["findings"])  # six slowdowns, and the launch gaps of five steps
+    assert n == 11 and len(markers) == 1
     texts = markers[0]["text"]
     counts = [int(t[1:]) if t else 1 for t in texts]
-    assert sum(counts) == 6 and len(texts) < 6 and any(t.startswith("×") for t in texts)
+    assert sum(counts) == n and len(texts) < n and any(t.startswith("×") for t in texts)
     drawn = page.locator(f"{GRAPH} g.annotation").all_text_contents()  # drawn above the WebGL bars
     assert sorted(drawn) == sorted(f"▼{t}" for t in texts)
     lo, hi = page.evaluate(f"document.querySelector('{GRAPH}').layout.xaxis.range")
@@ -93,7 +94,8 @@ def test_markers_are_clustered_per_group_and_row_with_counts(browser, served):
 def test_an_ordering_stall_highlights_both_ranks_and_its_times_zoom(browser, served):
     page, url = _page(browser, served, "pipeline-stall")
     page.goto(url)
-    page.locator("#overview-groups a", has_text="show").click()  # selects the finding: ?finding=..
+    stall = page.locator("#overview-groups tr", has_text="nccl_ordering_stall")
+    stall.locator("a", has_text="show").click()  # selects the finding: ?finding=..
     page.locator(".evidence-header").wait_for()
     assert "finding=" in page.url
     header = page.locator(".evidence-header").inner_text()

@@ -65,7 +65,14 @@ def test_reduce_after_the_join_gives_the_serial_findings():
     with load_trace(sample_paths("allreduce-4rank-2022.4")) as trace:
         serial = [f.title for f in run_detectors(trace)]
         clock = [int(c) for c in trace.job_clock()]
-    assert [f.title for f in reduce_detectors(_parts(), clock)] == serial
+        mapped = []
+        for index in range(len(trace.exports)):
+            with trace.export_alone(index) as one:
+                mapped.append(map_export(one, index))
+    job = reduce_attribution([m.attribution for m in mapped], clock, matching(None))
+    joined = reduce_detectors([m.detectors for m in mapped], job.clock.offsets, attribution=job)
+    assert [f.title for f in joined] == serial
+    assert any(f.recoverable_ns > 0 for f in joined)  # the attribution's figures reach the findings
 
 
 def _concat_by_union_categoricals(parts: list[pd.DataFrame]) -> pd.DataFrame:

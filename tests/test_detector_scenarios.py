@@ -91,7 +91,11 @@ def test_precision_and_recall(outcomes, kind):
 
 
 def test_clean_twins_have_no_findings(outcomes):
-    noisy = Counter(f.kind for kind, planted, _, _, findings in outcomes if not planted for f in findings)
+    # of the four kinds planted here; these scenarios are no simulated job (their idle GPUs and
+    # exposed transfers are what the attribution's kinds report: those are judged against a job
+    # re-run without the cause, by tests/test_attribution_truth.py)
+    noisy = Counter(f.kind for kind, planted, _, _, findings in outcomes if not planted for f in findings
+                    if f.kind in FAMILIES)  # fmt: skip
     assert noisy == Counter()
 
 
@@ -102,8 +106,7 @@ def test_every_finding_follows_the_contract(outcomes):
             assert list(d) == ["kind", "group", "severity", "rank", "device", "pid", "start_ns", "end_ns", "impact_ns",
                                "recoverable_ns", "title", "evidence", "advice"]  # fmt: skip
             assert d["start_ns"] <= d["end_ns"] and d["impact_ns"] >= 0
-            # run_detectors replays no dependency graph: nothing is recoverable without one (docs/report.md)
-            assert d["recoverable_ns"] == 0
+            assert isinstance(d["recoverable_ns"], int) and d["recoverable_ns"] >= 0  # replayed: docs/report.md
             assert d["title"] and d["advice"] and d["evidence"]
 
 

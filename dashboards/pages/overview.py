@@ -38,6 +38,7 @@ from nsysan.store import NotFound
 BODY = "overview-body"
 SUMMARY = "overview-summary"
 VIEW = "overview-view"  # {"t0": ms, "t1": ms, "finding": id}: what the URL's query string says
+TIMELINE_READY = "overview-timeline-ready"  # set once by the poll when the timeline is built: the page is drawn then
 URL_SYNC = "overview-url-sync"  # written by the clientside callback that puts the view in the URL
 EVIDENCE = "overview-evidence"
 LOADING = "overview-loading"
@@ -116,6 +117,7 @@ def layout(server: Server, trace_id: int, search: str | None = None) -> html.Div
         dcc.Store(id=ids.TRACE_ID, data=trace_id),
         dcc.Store(id=VIEW, data=view),
         dcc.Store(id=URL_SYNC),
+        dcc.Store(id=TIMELINE_READY),
         html.Div(_summary(server, t), id=SUMMARY),
         html.Div(body, id=BODY),
         dcc.Interval(id=ids.TRACE_POLL, interval=1000, disabled=final),
@@ -128,12 +130,29 @@ def layout(server: Server, trace_id: int, search: str | None = None) -> html.Div
 
 def register(app: dash.Dash, server: Server) -> None:
     @app.callback(Output(BODY, "children"), Output(ids.TRACE_POLL, "disabled"), Output(SUMMARY, "children"),
-                  Input(ids.TRACE_POLL, "n_intervals"), State(ids.TRACE_ID, "data"), State(VIEW, "data"),
+                  Output(TIMELINE_READY, "data"), Input(ids.TRACE_POLL, "n_intervals"), State(ids.TRACE_ID, "data"),
+                  State(VIEW, "data"),
                   prevent_initial_call=True)  # fmt: skip
     def _poll(_n: int, trace_id: int, view: dict[str, Any] | None) -> Any:
+        """Cheap on every tick: a tick whose answer took longer than the interval would be dropped
+        for the next one, and a page whose every answer is late would never be drawn; the drawing
+        is :func:`_draw`'s, once the timeline is built."""
+        t = server.store.trace(trace_id)
+        waiting = _waiting(server, t)
+        if waiting is None:
+            return dash.no_update, True, dash.no_update, trace_id
+        body, final = waiting
+        return body, final, _summary(server, t) if final else dash.no_update, dash.no_update
+
+    @app.callback(Output(BODY, "children", allow_duplicate=True), Output(SUMMARY, "children", allow_duplicate=True),
+                  Output(ids.TRACE_POLL, "disabled", allow_duplicate=True), Input(TIMELINE_READY, "data"),
+                  State(VIEW, "data"), prevent_initial_call=True)  # fmt: skip
+    def _draw(trace_id: int | None, view: dict[str, Any] | None) -> Any:
+        if trace_id is None:
+            return dash.no_update, dash.no_update, dash.no_update
         t = server.store.trace(trace_id)
         body, final = _body(server, t, view or {})
-        return body, final, _summary(server, t) if final else dash.no_update
+        return body, _summary(server, t), final  # not final: evicted meanwhile, the poll resumes
 
     @app.callback(Output(ids.TIMELINE, "figure"), Output(VIEW, "data"), Output(EVIDENCE, "children"),
                   Input(ids.TIMELINE, "relayoutData"), State(ids.TRACE_ID, "data"), State(VIEW, "data"),
@@ -276,8 +295,9 @@ def _view_outputs(server: Server, data: TimelineData, trace_id: int, view: dict[
     return figure, view, _evidence(data, trace_id, finding, findings, window)
 
 
-def _body(server: Server, t: dict[str, Any], view: dict[str, Any]) -> tuple[Any, bool]:
-    """The timeline part of the page, and whether it is final (nothing left to poll for)."""
+def _waiting(server: Server, t: dict[str, Any]) -> tuple[Any, bool] | None:
+    """What the timeline part of the page says while there is no timeline to draw, and whether
+    that is final (nothing left to poll for); None once the timeline is built."""
     trace_id = t["id"]
     if t["status"] == "failed":
         return html.P(f"Analysis failed: {t['error']}", className="error"), True
@@ -285,14 +305,25 @@ def _body(server: Server, t: dict[str, Any], view: dict[str, Any]) -> tuple[Any,
     if t["status"] != "ready" or working:
         return html.P(f"Analysing: {working.describe() if working else t['status']}…", className="status loading",
                       id=LOADING), False  # fmt: skip
+    if server.timelines.peek(trace_id) is not None:
+        return None
+    failure = server.timelines.failure(trace_id)
+    if failure is not None and not server.timelines.building(trace_id):
+        return html.P(f"No timeline: {failure}", className="error"), True
+    server.timelines.prepare(trace_id)  # in the background; the poll picks it up
+    return html.P("Building the timeline… (reading the trace's kernels, copies and NVTX ranges; the page "
+                  "updates by itself)", className="status loading", id=LOADING), False  # fmt: skip
+
+
+def _body(server: Server, t: dict[str, Any], view: dict[str, Any]) -> tuple[Any, bool]:
+    """The timeline part of the page, and whether it is final (nothing left to poll for)."""
+    waiting = _waiting(server, t)
+    if waiting is not None:
+        return waiting
+    trace_id = t["id"]
     data = server.timelines.peek(trace_id)
-    if data is None:
-        failure = server.timelines.failure(trace_id)
-        if failure is not None and not server.timelines.building(trace_id):
-            return html.P(f"No timeline: {failure}", className="error"), True
-        server.timelines.prepare(trace_id)  # in the background; the poll picks it up
-        return html.P("Building the timeline… (reading the trace's kernels, copies and NVTX ranges; the page "
-                      "updates by itself)", className="status loading", id=LOADING), False  # fmt: skip
+    if data is None:  # evicted between the two looks: the next poll builds it again
+        return html.P("Building the timeline…", className="status loading", id=LOADING), False
     figure, view, evidence = _view_outputs(server, data, trace_id, view)
     return [
         html.H2("Timeline"),
