@@ -192,7 +192,7 @@ def device_table(trace: Trace) -> pd.DataFrame:
     ranks = pairs.groupby(keys)["rank"].agg(lambda r: ",".join(str(int(v)) for v in r))
     out = pd.DataFrame({"busy_ns": busy, "span_ns": span_ns}).join(per_kernel).join(ranks.rename("ranks"))
     out[["kernels", "kernel_ns"]] = out[["kernels", "kernel_ns"]].fillna(0).astype("int64")
-    out["ranks"] = out["ranks"].fillna("")
+    out["ranks"] = out["ranks"].astype(object).fillna("")
     out["busy_pct"] = np.where(out["span_ns"] > 0, 100.0 * out["busy_ns"] / out["span_ns"].clip(lower=1), 0.0)
     return out.reset_index()[DEVICE_COLUMNS]
 

@@ -139,3 +139,22 @@ def test_global_ids_decode():
 )
 def test_nccl_kernel_names(name, expected):
     assert classify_name(name) == expected
+
+
+def test_domains_created_before_the_session_keep_their_names(tmp_path):
+    """nsys 2022.4 writes the domain-create rows of domains made before the session with a negative
+    start (NERSC's exports: the NCCL domain among them). The rows are no time the reader uses; the
+    ranges in the domain must still be NCCL's."""
+    import shutil
+
+    from fixtures.samples import SAMPLES_DIR
+
+    path = tmp_path / "early-domains.sqlite"
+    shutil.copy(SAMPLES_DIR / "allreduce-2rank.sqlite", path)
+    with sqlite3.connect(path) as con:
+        moved = con.execute("UPDATE NVTX_EVENTS SET start = -351429369363, end = NULL WHERE eventType = 75").rowcount
+    assert moved == 6
+    with load_trace([path]) as trace:
+        ranges = trace.nvtx[trace.nvtx["event_type"] == "push_pop"]
+        nccl = ranges[ranges["domain"] == "NCCL"]
+        assert len(nccl) > 0 and set(nccl["text"].astype(str)) >= {"ncclAllReduce"}

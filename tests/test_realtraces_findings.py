@@ -42,7 +42,9 @@ EXPECTED_REAL: dict[str, Counter[tuple[str, str]]] = {
     "Yu-gyoung-Yun__alpa__jax_profile_mem": Counter({("gpu_idle", "critical"): 2}),
     "Yu-gyoung-Yun__alpa__report1": Counter({("gpu_idle", "critical"): 1, ("gpu_idle", "info"): 1}),
     "Yu-gyoung-Yun__alpa__report2": Counter({("gpu_idle", "critical"): 1}),
-    "hpcgroup__pipit__saxpy-mpi-cuda_nsys_perlmutter0": Counter({("gpu_idle", "critical"): 1, ("copy_bound", "critical"): 1}),
+    "hpcgroup__pipit__saxpy-mpi-cuda_nsys_perlmutter0": Counter(
+        {("gpu_idle", "critical"): 1, ("copy_bound", "critical"): 1}
+    ),
     "openhackathons-org__AI-Profiler__baseline": Counter({("gpu_idle", "critical"): 1, ("gpu_idle", "info"): 3}),
     "openhackathons-org__AI-Profiler__baseline_nvtx": Counter({("gpu_idle", "critical"): 1, ("copy_bound", "info"): 1}),
     "openhackathons-org__gpubootcamp__jacobi_report": Counter({("gpu_idle", "info"): 1}),
@@ -137,3 +139,27 @@ def test_findings_of_each_nsys_ai_export(nsysai_traces, name):
         assert (f["nccl_kernels"], f["graph_node_kernels"], f["command_buffer_full_rows"]) == (0, 0, 198)
     assert f["compute_under_communication"] == 0
     assert found([path]) == EXPECTED.get(name, Counter())
+
+
+@pytest.mark.parametrize("name", ["healthy_1pct", "healthy_judged_1pct"])
+def test_cut_down_exports_without_a_process_column_are_read(tmp_path, name):
+    """nsys-ai's cut-down fixtures: a kernel table without ``globalPid`` (and six tables in all).
+    They are read, with their kernels, and a healthy job has nothing to report."""
+    import lzma
+    import shutil
+
+    from tests.conftest import NSYS_AI_PREFIX, need, realtraces_dir
+
+    src = realtraces_dir() / "stripped" / f"{NSYS_AI_PREFIX}{name}.sqlite.xz"
+    need(src.is_file(), f"the stripped real exports ({src})")
+    path = tmp_path / f"{name}.sqlite"
+    with lzma.open(src) as fin, path.open("wb") as fout:
+        shutil.copyfileobj(fin, fout)
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    columns = {r[1] for r in con.execute("PRAGMA table_info(CUPTI_ACTIVITY_KIND_KERNEL)")}
+    kernels = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    con.close()
+    assert "globalPid" not in columns and kernels in (400, 20)
+    with load_trace([path]) as trace:
+        assert len(trace.kernels) == kernels
+        assert run_detectors(trace) == []

@@ -40,7 +40,7 @@ from nsysan.ingest.export import NsysExport
 
 # Bump whenever a reader's output changes (a column, a dtype, a rule on dropped rows): entries
 # written by another version are never read.
-READER_VERSION = "2"
+READER_VERSION = "3"
 _HEAD_BYTES = 1 << 20
 _META_KEY = b"nsysan"
 ENV = "NSYSAN_CACHE"

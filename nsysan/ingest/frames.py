@@ -509,6 +509,29 @@ def nvtx_type_ids(x: NsysExport, *kinds: str) -> list[int]:
     return sorted(i for i, name in nvtx_type_names(x).items() if name in kinds)
 
 
+def _domain_names(x: NsysExport, table: str | None) -> pd.DataFrame:
+    """(pid, domain_id, domain) of the domain-create rows, whatever their timestamps: nsys gives
+    the rows of domains created before the session a negative start (NERSC's 2022.4 exports: the
+    NCCL domain among them), and a time nothing reads must not lose the name of every range in it."""
+    empty = pd.DataFrame({"pid": pd.Series(dtype="int64"), "domain_id": pd.Series(dtype="Int64"),
+                          "domain": pd.Series(dtype=object)})  # fmt: skip
+    ids = nvtx_type_ids(x, "domain_create")
+    if table is None or not ids or not x.has_columns(table, "globalTid", "domainId", "eventType"):
+        return empty
+    text = "CAST(n.text AS TEXT)" if x.has_columns(table, "text") else "NULL"
+    join = ""
+    if x.has_columns(table, "textId") and x.has_table("StringIds"):
+        text, join = f"COALESCE({text}, CAST(s.value AS TEXT))", "LEFT JOIN StringIds s ON s.id = n.textId"
+    rows = x.query(f"SELECT n.globalTid AS g, n.domainId AS domain_id, {text} AS domain FROM {table} n {join} "
+                   f"WHERE n.eventType IN ({', '.join(map(str, ids))}) AND n.domainId IS NOT NULL ORDER BY n.rowid")  # fmt: skip
+    if rows.empty:
+        return empty
+    domain_id = pd.to_numeric(rows["domain_id"], errors="coerce").astype("Int64")
+    out = pd.DataFrame({"pid": decode_pid(rows["g"]), "domain_id": domain_id,
+                        "domain": rows["domain"].astype(object)})  # fmt: skip
+    return out.drop_duplicates(["pid", "domain_id"], keep="last")
+
+
 def _finish_nvtx(x: NsysExport, table: str | None, df: pd.DataFrame) -> pd.DataFrame:
     """Event types named, registered strings resolved, the domain name on every row (domain ids
     are per process; domain-create rows carry the name), one integer payload."""
@@ -521,9 +544,7 @@ def _finish_nvtx(x: NsysExport, table: str | None, df: pd.DataFrame) -> pd.DataF
         text = df["text"].astype(object)
     df["text"] = text
 
-    created = df.loc[df["event_type"] == "domain_create", ["pid", "domain_id", "text"]]
-    created = created.dropna(subset=["domain_id"]).drop_duplicates(["pid", "domain_id"], keep="last")
-    created = created.rename(columns={"text": "domain"})
+    created = _domain_names(x, table)
     df = df.merge(created, on=["pid", "domain_id"], how="left")
     df["domain"] = df["domain"].where(df["domain_id"].fillna(0) != 0, "")
     df["domain"] = df["domain"].fillna("").astype("category")

@@ -46,7 +46,7 @@ def active_pids(x: NsysExport) -> np.ndarray:
     pids: set[int] = set()
     for role, column in _ACTIVE.items():
         table = find_table(x, role)
-        if table is None:
+        if table is None or not x.has_columns(table, column):  # cut-down exports may lack it
             continue
         where = ""
         if role == "nvtx":  # domain bookkeeping alone does not make a process interesting
