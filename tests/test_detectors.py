@@ -108,6 +108,25 @@ def test_graph_gap_in_both_graph_table_layouts(tmp_path, flavour):
     assert "NCCL_GRAPH_MIXING_SUPPORT=0" in found[0].advice
 
 
+def test_graph_gap_without_event_nodes_does_not_advise_the_mixing_switch(tmp_path):
+    """NCCL_GRAPH_MIXING_SUPPORT=0 drops NCCL's event nodes; where the capture shows none, it cannot be the fix."""
+    import sqlite3
+
+    paths, truths = scenario("graph_allreduce_gap", 3, True, tmp_path)
+    for path in paths:
+        with sqlite3.connect(path) as con:
+            table = next(t for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                         if t.startswith("CUDA_GRAPH_NODE_EVENTS") or t == "CUDA_GRAPH_EVENTS")  # fmt: skip
+            con.execute(f"DELETE FROM {table} WHERE nameId IN (SELECT id FROM StringIds WHERE value IN "
+                        "('cudaEventRecord', 'cudaStreamWaitEvent'))")  # fmt: skip
+    found = findings(paths, "graph_allreduce_gap")
+    assert {f.rank for f in found} == {t.rank for t in truths}
+    assert all(f.evidence["event_nodes"] == 0 for f in found)
+    assert all("NCCL_GRAPH_MIXING_SUPPORT=0 would not" in f.advice for f in found)
+    gaps = [f.evidence["median_gap_ns"] <= f.evidence["worst_gap_ns"] for f in found]
+    assert gaps and all(gaps)
+
+
 def test_settings_change_the_verdict(tmp_path):
     paths, _ = scenario("comm_compute_slowdown", 1, True, tmp_path)
     assert findings(paths, "comm_compute_slowdown")
