@@ -300,3 +300,16 @@ def test_the_saved_baseline_and_the_trace_give_the_same_breakdown(tmp_path, monk
     code, out, _ = cli(monkeypatch, capsys, "diff", str(saved), FIXED, "--format", "json")
     assert code == 0 and json.loads(out)["breakdown"] == json.loads(json.dumps(doc["breakdown"]))
     assert Path(saved).exists()
+
+
+@pytest.mark.parametrize("sample", ["overlap-slowdown", "allreduce-2rank", "pipeline-stall", "graph-replay-node"])
+def test_busy_share_of_a_step_is_at_most_all_of_it(sample):
+    """Busy is the union of a step's kernels and copies clipped to the step (the step breakdown), so it
+    cannot pass 100% however many streams overlap (overlap-slowdown's was 297.8% when kernel times were summed)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "nsysan", "report", "--no-cache", "--format", "json",
+                          *map(str, sample_paths(sample))], capture_output=True, text=True, check=True)  # fmt: skip
+    steps = json.loads(out.stdout)["profile"]["steps"]
+    shares = [b for r in steps["per_rank"].values() for b in r["busy_pct"]]
+    assert shares and all(0 <= b <= 100 for b in shares)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.anomalies import NCCL_STREAM, US, Rank, _close, _job, nccl_name
-from fixtures.confounders_graph import FAMILIES, GEMM, _pre_op, scenario
+from fixtures.confounders_graph import FAMILIES, GEMM, _plan, _pre_op, _write, scenario
 from nsysan.detect import registered
 from nsysan.findings import Finding
 from nsysan.ingest import load_trace
@@ -311,3 +311,20 @@ def test_real_h100_command_buffer_full_matches_the_rows(h100):
     longest = max(found, key=lambda f: f.impact_ns)
     assert (longest.evidence["thread"], longest.start_ns, longest.end_ns, longest.impact_ns) == (
         112, 156_107_739_362, 156_230_577_702, 122_438_770)  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel_us, gap_us, state", [(1, 2, "launch_bound"), (3, 0, "saturated")])
+def test_short_kernels_back_to_back_are_launch_bound_not_waiting(tmp_path, kernel_us, gap_us, state):
+    """1 us kernels the device starts 2 us apart (its own launch cost) fill a 64-entry queue while it
+    is busy a third of the time: no dependency held the work, the launches did; fewer launches is
+    the fix. 3 us kernels without the gaps keep the device busy: saturated."""
+    rk = _rank(tmp_path)
+    calls = _plan(5_000 * US, 5_030 * US, 600, 64, kernel_us * US, gap=gap_us * US + 300)
+    assert sum(c.blocked for c in calls) > 100
+    _write(rk, "current", calls)
+    _close([rk])
+    (f,) = run("command_buffer_full", [tmp_path / "job.sqlite"])
+    assert f.evidence["gpu_state"] == state, f.evidence["gpu"]
+    if state == "launch_bound":
+        assert f.evidence["gpu_busy_pct"] < 50 and f.evidence["short_gaps"]["count"] > 100
+        assert "CUDA graph" in f.advice and "more queue space" not in f.advice

@@ -19,7 +19,10 @@ what the rows show about it:
 - busy share = union of that device's kernels, memcpys and memsets over the stall window (copies
   count: a GPU draining Host-to-Device copies is busy even with few kernels);
 - ``busy_share`` (0.9) or more: the GPU was saturated and the blocked time is CPU time; less: the
-  queued work was waiting (events, other streams, peers, the host), not running;
+  queued work was waiting (events, other streams, peers, the host), not running, unless the device
+  idled mostly in many short gaps between kernels (at least ``launch_bound_gaps`` gaps of at most
+  ``launch_gap_ns``, half its idle time or more): then it was launch-bound, running short kernels
+  back to back, and fewer launches (CUDA graphs, fusion) is the fix;
 - none of the queued work in the export: the kernels these launches queued fall outside the
   capture window; GPU state unknown (a window cut from a longer capture ends while the queue is
   full). The verdict is then "unknown", never "idle".
@@ -61,6 +64,12 @@ class Params(SeverityParams):
     cluster_gap_ns: int = param(1_000_000, "overhead rows of one thread further apart than this start a new stall")
     min_blocked_ns: int = param(100_000, "report a stall only if calls were blocked at least this long")
     busy_share: float = param(0.9, "device busy share during the stall at or above which the GPU counts as saturated")
+    launch_gap_ns: int = param(
+        5_000, "a gap between a device's kernels at most this long is launch overhead, not a wait"
+    )
+    launch_bound_gaps: int = param(
+        32, "short gaps in a stall needed to call a device that is not saturated launch-bound"
+    )
 
 
 def _rows(trace: Trace) -> pd.DataFrame:
@@ -121,10 +130,31 @@ def _work(trace: Trace) -> pd.DataFrame:
     return work.astype({"export": "int64", "pid": "int64", "device": "int64", "start_ns": "int64", "end_ns": "int64"})
 
 
-def _busy(work: pd.DataFrame, stalls: pd.DataFrame) -> pd.DataFrame:
+def _short_gaps(
+    starts: np.ndarray, ends: np.ndarray, merged: pd.DataFrame, limit: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each window [start, end), the total length and number of the gaps of at most ``limit`` ns
+    between consecutive disjoint sorted intervals ``merged`` that lie inside it: a device running
+    tiny kernels back to back idles in many such gaps, one waiting on a dependency in one long one."""
+    lo = merged["start_ns"].to_numpy(dtype=np.int64)
+    hi = merged["end_ns"].to_numpy(dtype=np.int64)
+    if len(lo) < 2 or len(starts) == 0:
+        return np.zeros(len(starts), dtype=np.int64), np.zeros(len(starts), dtype=np.int64)
+    gaps = lo[1:] - hi[:-1]  # gap i lies between interval i's end and interval i + 1's start
+    short = gaps <= limit
+    ns = np.concatenate([[0], np.cumsum(np.where(short, gaps, 0))])
+    count = np.concatenate([[0], np.cumsum(short)])
+    first = np.searchsorted(hi, starts, side="left")  # the first gap starting at or after the window's start
+    last = np.clip(np.searchsorted(lo, ends, side="right") - 1, 0, None)  # gaps before the last interval starting in it
+    last = np.maximum(last, first)
+    return ns[last] - ns[first], count[last] - count[first]
+
+
+def _busy(work: pd.DataFrame, stalls: pd.DataFrame, launch_gap_ns: int) -> pd.DataFrame:
     """Per stall (index of ``stalls``: export, device, start_ns, end_ns), the share of its window its
-    device ran anything ("all") and each kind of work (kernels, each copy kind, memset). Intervals
-    are merged once per (export, device, kind); each stall costs two binary searches per kind."""
+    device ran anything ("all") and each kind of work (kernels, each copy kind, memset), and the
+    share it idled in short gaps between kernels ("short_gaps", with their number "short_gap_count").
+    Intervals are merged once per (export, device, kind); each stall costs two binary searches per kind."""
     kind = np.where(work["work"].str.startswith(("memcpy", "memset")), work["work"], "kernels")
     per_kind = pd.concat([work.assign(kind=kind), work.assign(kind="all")], ignore_index=True)
     merged = merge(per_kind, ["export", "device", "kind"])
@@ -134,6 +164,12 @@ def _busy(work: pd.DataFrame, stalls: pd.DataFrame) -> pd.DataFrame:
         mine = stalls[(stalls["export"] == export) & (stalls["device"] == device)]
         covered = covered_ns(mine["start_ns"].to_numpy(), mine["end_ns"].to_numpy(), m)
         parts.append(pd.DataFrame({"stall": mine.index, "kind": what, "share": covered / span[mine.index].to_numpy()}))
+        if what == "all":
+            ns, count = _short_gaps(mine["start_ns"].to_numpy(), mine["end_ns"].to_numpy(), m, launch_gap_ns)
+            parts.append(
+                pd.DataFrame({"stall": mine.index, "kind": "short_gaps", "share": ns / span[mine.index].to_numpy()})
+            )
+            parts.append(pd.DataFrame({"stall": mine.index, "kind": "short_gap_count", "share": count.astype(float)}))
     if not parts:
         return pd.DataFrame(index=stalls.index)
     return pd.concat(parts).pivot(index="stall", columns="kind", values="share").reindex(stalls.index)
@@ -158,7 +194,7 @@ def detect(trace: Trace, p: Params) -> list[Finding]:
     queued_by: dict[int, pd.DataFrame] = {cast(int, k): g for k, g in queued.groupby("cluster")}
     device = queued.groupby("cluster")["device"].agg(lambda d: d.mode().iloc[0]).reindex(clusters.index)
     stalls = clusters.assign(device=device).dropna(subset=["device"]).astype({"device": "int64"})
-    busy = _busy(work, stalls[["export", "device", "start_ns", "end_ns"]])
+    busy = _busy(work, stalls[["export", "device", "start_ns", "end_ns"]], p.launch_gap_ns)
     has_gpu = set(zip(work["export"], work["pid"], strict=True))
     threads = trace.threads.drop_duplicates(_KEYS).set_index(_KEYS)["name"].astype(object)
     runs = run_ns(trace)
@@ -190,10 +226,14 @@ def _finding(
     outside = len(calls) - with_work
     device = int(queued["device"].mode().iloc[0]) if len(queued) else None
     busy, verdict = None, "unknown"
+    short_share, short_count = shares.pop("short_gaps", 0.0), int(shares.pop("short_gap_count", 0))
     by_kind = {str(k): float(v) for k, v in shares.items() if k != "all"}
     if device is not None:
         busy = float(shares.get("all", 0.0))
         verdict = "saturated" if busy >= p.busy_share else "waiting"
+        # not saturated, but idle mostly in many short gaps between kernels: the launches are the limit
+        if verdict == "waiting" and short_count >= p.launch_bound_gaps and short_share >= 0.5 * (1.0 - busy):
+            verdict = "launch_bound"
     delay = float((queued["start_ns"] - queued["call_end"]).median()) if len(queued) else None
     top = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])[:3] if v >= 0.005)
     if verdict == "unknown":
@@ -217,6 +257,12 @@ def _finding(
         "queued work was waiting (on events, other streams, a peer or the host), so more queue space or fewer "
         "launches will not help; find what the streams waited on (cudaStreamWaitEvent, NCCL peers, host syncs). "
         "CUDA_SCALE_LAUNCH_QUEUES=4x only lets the CPU run further ahead.",
+        "launch_bound": f"Device {device} was {100 * (busy or 0):.0f}% busy and spent most of the rest in "
+        f"{short_count} gaps of at most {p.launch_gap_ns / 1e3:.0f} us between kernels: it runs many short kernels back "
+        "to back and each launch costs more than the kernel, so the launches bound the step, not queue space or a "
+        "dependency. Fewer launches is the fix: capture the section as a CUDA graph (torch.cuda.CUDAGraph or "
+        "torch.compile(mode='reduce-overhead')) or fuse the small kernels; CUDA_SCALE_LAUNCH_QUEUES=4x only lets the "
+        "CPU run further ahead.",
         "unknown": f"{gpu[0].upper()}{gpu[1:]}. Capture a window that extends past these launches (nsys --duration, "
         "or a later stop) to see whether the GPU was saturated. A full queue means the CPU ran ahead of the GPU; "
         "CUDA_SCALE_LAUNCH_QUEUES=4x or fewer launches (CUDA graphs, fused kernels) only stop the thread from blocking.",
@@ -269,6 +315,11 @@ def _finding(
             "gpu": gpu,
             "gpu_busy_pct": None if busy is None else round(100 * busy, 1),
             "gpu_busy_by_kind_pct": {k: round(100 * v, 1) for k, v in by_kind.items()},
+            "short_gaps": {
+                "count": short_count,
+                "pct_of_stall": round(100 * short_share, 1),
+                "max_gap_ns": p.launch_gap_ns,
+            },
             "queue_delay_ns_median": None if delay is None else round(delay),
         },
     )
