@@ -77,6 +77,20 @@ CacheDir = Annotated[
     ),
 ]
 NoCache = Annotated[bool, typer.Option("--no-cache", help="Read and analyse every export afresh; write no cache.")]
+NoColor = Annotated[
+    bool, typer.Option("--no-color", help="Terminal output without colour (as does a non-empty NO_COLOR variable).")
+]
+PIPED_WIDTH = 160  # columns of terminal output that goes to a file or a pipe, unless COLUMNS says otherwise
+
+
+def terminal_style(output: Path | None, no_color: bool = False) -> tuple[int | None, bool]:
+    """(width, colour) of terminal-format output: a terminal's own width and colour; to a file or a
+    pipe, COLUMNS columns (else 160) and no colour; NO_COLOR (https://no-color.org) or --no-color
+    turns colour off anywhere."""
+    interactive = output is None and sys.stdout.isatty()
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() and int(columns) > 0 else (None if interactive else PIPED_WIDTH)
+    return width, interactive and not no_color and not os.environ.get("NO_COLOR")
 
 
 @app.command()
@@ -171,6 +185,7 @@ def report(
             "always hold all of it; JSON is always complete.",
         ),
     ] = False,
+    no_color: NoColor = False,
 ) -> None:
     """Analyse nsys exports: where each rank's step time went, what to fix first, NCCL, NVTX, capture limits.
 
@@ -204,9 +219,8 @@ def report(
         for note in notes:
             typer.echo(f"nsysan: warning: {note}", err=True)
     if fmt == "terminal":
-        interactive = output is None and sys.stdout.isatty()
-        text = render_terminal(doc, width=None if interactive else 160, color=interactive, verbose=verbose,
-                               show_all=show_all)  # fmt: skip
+        width, color = terminal_style(output, no_color)
+        text = render_terminal(doc, width=width, color=color, verbose=verbose, show_all=show_all)
     else:
         text = RENDERERS[fmt](doc)
     if output is None:
@@ -314,6 +328,7 @@ def diff(
     ] = None,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    no_color: NoColor = False,
 ) -> None:
     """Compare two captures of one job (before/after a change): step time, GPU time, NCCL, kernels, findings.
 
@@ -355,8 +370,8 @@ def diff(
     if threshold is not None or fail_on is not None:
         doc["gate"] = verdict
     if fmt == "terminal":
-        interactive = output is None and sys.stdout.isatty()
-        text = render_terminal(doc, width=None if interactive else 160, color=interactive)
+        width, color = terminal_style(output, no_color)
+        text = render_terminal(doc, width=width, color=color)
     else:
         text = RENDERERS[fmt](doc)
     _write(text, output)
@@ -495,7 +510,8 @@ def detectors() -> None:
         table.add_row(Text(kind, style="bold"), Text(""), Text(spec.summary))
         for f in dataclasses.fields(spec.params):
             table.add_row(Text(f"{kind}.{f.name}"), Text(str(f.default)), Text(f.metadata.get("help", "")))
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    width, color = terminal_style(None)
+    Console(width=width, no_color=not color).print(table)
 
 
 def _bundled_traces() -> Path | None:

@@ -236,3 +236,27 @@ def test_a_store_that_cannot_be_opened_is_a_user_error(monkeypatch, capsys, db, 
     assert code == 2 and stderr.count("\n") == 1, stderr
     assert stderr.startswith("nsysan: error: ") and says in stderr
     assert "internal error" not in stderr and "secret" not in stderr
+
+
+def test_terminal_conventions_no_color_and_columns(monkeypatch):
+    """A terminal gets colour unless NO_COLOR (any non-empty value) or --no-color says otherwise; piped
+    output is 160 columns unless COLUMNS names another width."""
+    from nsysan.cli import terminal_style
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert terminal_style(None) == (None, True)
+    assert terminal_style(None, no_color=True) == (None, False)
+    assert terminal_style(Path("report.txt")) == (160, False)
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert terminal_style(None) == (None, False)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert terminal_style(Path("report.txt")) == (100, False)
+
+
+def test_piped_report_follows_columns():
+    env = {**os.environ, "COLUMNS": "100"}
+    out = subprocess.run([sys.executable, "-m", "nsysan", "report", SAMPLE, "--no-color"], capture_output=True,
+                         text=True, env=env, check=True).stdout  # fmt: skip
+    assert max(len(line) for line in out.splitlines()) <= 100 and "\x1b[" not in out
