@@ -278,3 +278,40 @@ def test_kernels_without_a_name_id_get_a_placeholder(tmp_path, value):
     assert any("kernels without a usable name id, shown as <no name>" in n for n in notes(report(path)))
     result = nsysan_cli("report", str(path), "--format", "json")
     assert result.returncode == 0, result.stderr
+
+
+def test_kernels_of_process_zero_are_reported_not_a_crash(tmp_path):
+    """globalPid 0 (no process) on every kernel: the overview's device table had no rank to join and
+    crashed (exit 70); the kernels are reported, with no rank."""
+    path = damaged(
+        tmp_path, "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET globalPid = 0", sample=sample_paths("pipeline-stall")[0]
+    )
+    doc = report(path)
+    devices = doc["summary"]["devices"]
+    assert devices and all(d["ranks"] == "" for d in devices) and sum(d["kernels"] for d in devices) > 0
+
+
+def test_a_thread_id_beyond_int64_is_no_thread_and_no_warning(tmp_path):
+    """SQLite stores 2**63 as a REAL: decoded as the id of no process, without numpy's cast warning."""
+    path = damaged(
+        tmp_path, "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = 9223372036854775808 WHERE rowid % 7 = 0"
+    )
+    out = subprocess.run([sys.executable, "-m", "nsysan", "report", "--no-cache", str(path)], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONWARNINGS": "default"})  # fmt: skip
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+
+
+def test_sixty_thousand_pushes_without_pops(tmp_path):
+    """An instrumentation slip: ranges pushed and never popped nest 60k deep. The slowdown detector's
+    program positions were quadratic in the depth (3.3 GB at 20k, MemoryError at 60k); levels past
+    64 now fold into their ancestor."""
+    sql = ("WITH RECURSIVE r(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM r WHERE x < 59999) "
+           'INSERT INTO NVTX_EVENTS(start, "end", eventType, globalTid, text) '
+           "SELECT (SELECT min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL) + x, "
+           '(SELECT max("end") FROM CUPTI_ACTIVITY_KIND_KERNEL) + 60000 - x, 59, '
+           "(SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 1), 'r' FROM r")  # fmt: skip
+    path = damaged(tmp_path, sql, sample=sample_paths("overlap-slowdown")[0])
+    out = subprocess.run([sys.executable, "-m", "nsysan", "report", "--no-cache", "--format", "json", str(path)],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert impossible_figures(json.loads(out.stdout)) == []

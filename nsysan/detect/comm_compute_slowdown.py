@@ -93,6 +93,8 @@ CLASSES = ("NCCL kernel", "peer copy", "host copy")  # bit i of an instance's cl
 _COPY_CLASS = {"Peer-to-Peer": 1, "Host-to-Device": 2, "Device-to-Host": 2}
 _COLUMNS = ("pid", "device", "correlation_id", "start_ns", "end_ns", "name", "short_name", "grid", "block")
 _EVIDENCE_INSTANCES = 20
+# NVTX nesting levels a program position tells apart; deeper ranges fold into the last level.
+MAX_PATH_DEPTH = 64
 _ADVICE = {
     0: ("NCCL kernels are taking SMs and memory bandwidth from this kernel. Cap NCCL's share while it "
         "overlaps compute (NCCL_MAX_NCHANNELS / NCCL_MAX_CTAS, fewer NCCL_NCHANNELS_PER_NET_PEER), move "
@@ -267,6 +269,11 @@ def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, Any]:
     Push/pop ranges nest, so a range's depth is how many earlier ranges are still open at its start,
     and the range at depth d enclosing anything after range i is the last range of depth d started
     at or before i: one running maximum per depth level, no loop over rows.
+
+    Levels stop at :data:`MAX_PATH_DEPTH`: ranges nested deeper (pushes without pops, an ordinary
+    instrumentation slip) are folded into their ancestor at the last level, whose path gets "/…"
+    and whose step they share. Work is then at most that many passes over the ranges, and no path
+    text grows with the nesting (20k unpopped pushes took 3.3 GB and quadratic time before).
     """
     start = ranges["start_ns"].to_numpy(dtype=np.int64)
     end = ranges["end_ns"].to_numpy(dtype=np.int64)
@@ -289,31 +296,38 @@ def _enclosing(ranges: pd.DataFrame, t: np.ndarray) -> dict[str, Any]:
     path = name.astype(np.int64)
     parent = np.full(len(start), -1, dtype=np.int64)
     inner = np.full(len(t), -1, dtype=np.int64)
-    levels = range(int(depth.max()) + 1)  # nesting levels, not rows
+    deepest = min(int(depth.max()), MAX_PATH_DEPTH - 1)
+    levels = range(deepest + 1)  # nesting levels, not rows
+    deep = depth > deepest  # folded into their ancestor at the last level
     for d in levels:
         last_d = np.maximum.accumulate(np.where(depth == d, order, -1))
-        child = np.flatnonzero(depth == d + 1)
+        child = np.flatnonzero(depth == d + 1) if d < deepest else np.flatnonzero(deep)
         parent[child] = last_d[child]
         ok = child[parent[child] >= 0]
-        pairs, which = np.unique(path[parent[ok]] * width + name[ok], return_inverse=True)
+        # a folded range's path is its ancestor's with "/…" (the name index ``width`` stands for it)
+        pairs, which = np.unique(path[parent[ok]] * (width + 1) + np.where(deep[ok], width, name[ok]),
+                                 return_inverse=True)  # fmt: skip
         ids = []
         for p in pairs.tolist():
-            text = texts[p // width] + "/" + texts[p % width]
+            text = texts[p // (width + 1)] + "/" + (texts[p % (width + 1)] if p % (width + 1) < width else "…")
             if text not in known:
                 known[text] = len(texts)
                 texts.append(text)
             ids.append(known[text])
         path[ok] = np.array(ids, dtype=np.int64)[which]
-        hit = (open_now - 1 == d) & (latest >= 0)
+        hit = ((open_now - 1 == d) | ((open_now - 1 > d) & (d == deepest))) & (latest >= 0)
         inner[hit] = last_d[safe[hit]]
+        if d == deepest:  # a point inside folded ranges is inside the folded path
+            folded = hit & (open_now - 1 > d)
+            inner[folded] = np.maximum.accumulate(np.where(deep, order, -1))[safe[folded]]
     if "" not in known:  # the path of a point in no range
         known[""] = len(texts)
         texts.append("")
     paths = pd.Index(np.array(texts, dtype=object), dtype=object)
     repeats = np.bincount(path)[path] > 1
-    step = np.where(repeats, order, -1)
-    for d in levels[1:]:  # parents before children: a repeating ancestor wins over the range itself
-        at = np.flatnonzero((depth == d) & (parent >= 0))
+    step = np.where(repeats & ~deep, order, -1)
+    for d in [*levels[1:], deepest + 1]:  # parents before children: a repeating ancestor wins
+        at = np.flatnonzero((depth == d) & (parent >= 0)) if d <= deepest else np.flatnonzero(deep & (parent >= 0))
         above = step[parent[at]]
         step[at] = np.where(above >= 0, above, step[at])
     found = inner >= 0

@@ -28,14 +28,27 @@ from nsysan.ingest.tables import find_table
 _PID_SHIFT = 0x1000000
 
 
+def _global_ids(global_id: pd.Series) -> np.ndarray:
+    """``globalTid`` / ``globalPid`` values as int64; anything that is no such id (NULL, text, a
+    fraction, a value beyond int64 such as 2**63, which SQLite stores as a REAL) reads as 0, the
+    id of no process."""
+    values = pd.to_numeric(global_id, errors="coerce")
+    if values.dtype.kind in "iu" and values.dtype != np.uint64:
+        return values.to_numpy(dtype=np.int64, na_value=0)
+    as_float = values.astype("float64").to_numpy(dtype=np.float64, na_value=np.nan)
+    with np.errstate(invalid="ignore"):
+        whole = np.isfinite(as_float) & (as_float % 1 == 0) & (np.abs(as_float) < 2.0**63)
+    out = np.zeros(len(as_float), dtype=np.int64)
+    out[whole] = as_float[whole].astype(np.int64)
+    return out
+
+
 def decode_pid(global_id: pd.Series) -> np.ndarray:
-    values = pd.to_numeric(global_id, errors="coerce").fillna(0).to_numpy(dtype=np.int64)
-    return (values // _PID_SHIFT) % _PID_SHIFT
+    return (_global_ids(global_id) // _PID_SHIFT) % _PID_SHIFT
 
 
 def decode_tid(global_tid: pd.Series) -> np.ndarray:
-    values = pd.to_numeric(global_tid, errors="coerce").fillna(0).to_numpy(dtype=np.int64)
-    return values % _PID_SHIFT
+    return _global_ids(global_tid) % _PID_SHIFT
 
 
 def _ident(name: str) -> str:
