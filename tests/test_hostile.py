@@ -315,3 +315,25 @@ def test_sixty_thousand_pushes_without_pops(tmp_path):
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0 and out.stderr == "", out.stderr
     assert impossible_figures(json.loads(out.stdout)) == []
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "ALTER TABLE NVTX_EVENTS RENAME TO N_real; CREATE VIEW NVTX_EVENTS AS WITH RECURSIVE c(x) AS "
+        "(SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT n.* FROM N_real n, c",
+        "CREATE TRIGGER t AFTER INSERT ON StringIds BEGIN SELECT 1; END",
+    ],
+)
+def test_a_view_or_trigger_in_place_of_an_nsys_table_is_refused(tmp_path, sql):
+    """A recursive view in place of NVTX_EVENTS read forever, and Ctrl-C could not stop it: nsys
+    writes plain tables only, so one line and exit 2, and the file is untouched."""
+    path = tmp_path / "trace.sqlite"
+    shutil.copy(SAMPLE, path)
+    with sqlite3.connect(path) as con:
+        con.executescript(sql)
+    before = sha256(path)
+    out = subprocess.run([sys.executable, "-m", "nsysan", "report", "--no-cache", str(path)], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "changed after export" in out.stderr
+    assert sha256(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["trace.sqlite"]

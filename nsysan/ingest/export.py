@@ -43,6 +43,9 @@ MAX_UTC_NS = 2**62
 
 _RAW_REPORT_SUFFIXES = (".nsys-rep", ".qdrep", ".qdstrm")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names nsys gives its tables (CUPTI_ACTIVITY_KIND_KERNEL, NVTX_EVENTS, ENUM_..., StringIds): a
+# view, trigger or virtual table under such a name is not what nsys wrote.
+_NSYS_NAME = re.compile(r"^([A-Z][A-Z0-9_]*|StringIds|ThreadNames)$")
 
 
 @dataclass(frozen=True)
@@ -172,19 +175,34 @@ class NsysExport:
         return CorruptExportError(f"{self.path}: SQLite cannot read this export ({reason})")
 
     def _read_catalogue(self) -> dict[str, tuple[str, ...]]:
-        """Tables and views with their columns; schema text that is not UTF-8 means a damaged file."""
+        """Tables with their columns; schema text that is not UTF-8 means a damaged file.
+
+        nsys writes plain tables only. A view, trigger or virtual table named as nsys names its
+        tables was put there after export, and reading it could run any query (a recursive view
+        never ends, and Ctrl-C cannot stop it): the export is refused. Other views are never read."""
         try:
             conn = self._connection()
-            names = [
-                row[0] for row in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")
-            ]
+            schema = conn.exec_driver_sql(
+                "SELECT type, name, tbl_name, CAST(sql AS TEXT) FROM sqlite_master WHERE type IN ('table', 'view', 'trigger')"
+            ).fetchall()
             catalogue: dict[str, tuple[str, ...]] = {}
-            for name in names:
-                if not _IDENT.match(name):
+            for kind, name, table, sql in schema:
+                virtual = kind == "table" and str(sql or "").lstrip().upper().startswith("CREATE VIRTUAL")
+                if kind == "trigger" and _NSYS_NAME.match(str(table)):
+                    raise NotAnExportError(f"{self.path}: has a trigger ({name}) on table {table}; nsys writes none, "
+                                           "so the file was changed after export; export the report again")  # fmt: skip
+                if (kind == "view" or virtual) and _NSYS_NAME.match(str(name)):
+                    what = "a view" if kind == "view" else "a virtual table"
+                    raise NotAnExportError(f"{self.path}: {name} is {what}, not the table nsys writes, so the file was "
+                                           "changed after export; export the report again")  # fmt: skip
+                if kind != "table" or virtual or not _IDENT.match(name):
                     continue
                 cols = conn.exec_driver_sql(f"PRAGMA table_info({name})").fetchall()
                 catalogue[name] = tuple(c[1] for c in cols)
             return catalogue
+        except NotAnExportError:
+            self.close()
+            raise
         except (sa.exc.DatabaseError, sqlite3.DatabaseError, UnicodeDecodeError) as exc:
             self.close()
             if not isinstance(exc, UnicodeDecodeError) and "decode" not in str(exc).lower():
