@@ -289,3 +289,41 @@ def test_second_diff_of_the_same_captures_reads_no_export(tmp_path, export, monk
     monkeypatch.undo()
     fresh = runner.invoke(app, [*args[:-2], "--no-cache"])
     assert fresh.exit_code == 0 and fresh.stdout == cold.stdout
+
+
+def _wal_writer(path: Path) -> sqlite3.Connection:
+    """A WAL-mode export with a writer that keeps it open: its commits sit in ``-wal``, not the file."""
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA journal_mode=WAL")
+    con.close()
+    writer = sqlite3.connect(path)
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("SELECT count(*) FROM StringIds").fetchone()  # the writer's -wal and -shm exist from here
+    return writer
+
+
+def test_a_wal_mode_export_is_read_with_nothing_written_beside_it(tmp_path, export):
+    with sqlite3.connect(export) as con:
+        con.execute("PRAGMA journal_mode=WAL")
+    con.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.sqlite"]  # the last close checkpointed
+    frames_of(export, None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.sqlite"]  # no -wal / -shm of ours
+
+
+def test_a_commit_in_the_wal_after_caching_is_read_again(tmp_path, export):
+    writer = _wal_writer(export)
+    try:
+        cache = FrameCache(tmp_path / "cache")
+        before = frames_of(export, cache)["kernels"]
+        beside = sorted(p.name for p in tmp_path.iterdir())
+        writer.execute(
+            "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = (SELECT max(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)"
+        )
+        writer.commit()  # in trace.sqlite-wal only: the file's size, mtime and first MiB are as they were
+        again = FrameCache(tmp_path / "cache")
+        after = frames_of(export, again)["kernels"]
+        assert again.hits == 0 and len(after) == len(before) - 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == beside  # the writer's files, none of ours
+    finally:
+        writer.close()

@@ -37,6 +37,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 import pandas as pd
 
 from nsysan.ingest.export import NsysExport
+from nsysan.ingest.snapshot import journal_files
 
 # Bump whenever a reader's output changes (a column, a dtype, a rule on dropped rows): entries
 # written by another version are never read.
@@ -53,11 +54,16 @@ def default_dir() -> Path:
 
 
 def export_key(path: Path) -> str:
-    """The identity of one export's contents as nsysan reads them (changes when the file does)."""
-    st = path.stat()
-    digest = hashlib.sha256(f"{READER_VERSION} {st.st_size} {st.st_mtime_ns} ".encode())
-    with path.open("rb") as fh:
-        digest.update(fh.read(_HEAD_BYTES))
+    """The identity of one export's contents as nsysan reads them: the file's size, mtime and first
+    MiB (SQLite's header, whose change counter every rollback-mode commit bumps, and the schema),
+    and the same of a ``-wal`` / ``-journal`` file with content, whose commits the file does not
+    show (a WAL-mode export written after it was cached)."""
+    digest = hashlib.sha256(READER_VERSION.encode())
+    for part in (path, *journal_files(path)):
+        st = part.stat()
+        digest.update(f" {part.name} {st.st_size} {st.st_mtime_ns} ".encode())
+        with part.open("rb") as fh:
+            digest.update(fh.read(_HEAD_BYTES))
     return digest.hexdigest()[:32]
 
 

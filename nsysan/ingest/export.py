@@ -1,8 +1,9 @@
 """One nsys SQLite export, opened read-only, with its tables, strings, enums and metadata.
 
 Everything that touches SQL lives here so that the rest of nsysan sees only pandas frames.
-A user's trace is never written: the file is opened through SQLite's ``mode=ro`` URI and
-every query is a ``SELECT``.
+A user's trace is never written, nor anything beside it: the file is opened read-only in a way
+that creates no ``-wal`` / ``-shm`` file (:mod:`nsysan.ingest.snapshot`) and every query is a
+``SELECT``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,7 @@ from sqlalchemy.pool import NullPool
 from nsysan.arrays import distinct
 from nsysan.errors import CorruptExportError, InputError, NotAnExportError
 from nsysan.ingest.slices import ProcessSlice, gpu_use_queries, slices_of
+from nsysan.ingest.snapshot import open_snapshot
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 CHUNK_ROWS = 250_000
@@ -109,12 +110,12 @@ class NsysExport:
         self.part = part or ProcessSlice()
         self._views: list[str] = []  # the slice's TEMP views, created on each connection (see nsysan.ingest.slices)
         _check_sqlite_file(self.path)
-        url = f"sqlite+pysqlite:///file:{quote(str(self.path.resolve()))}?mode=ro&uri=true"
-        self._engine = sa.create_engine(url, poolclass=NullPool)
+        self._snapshot = open_snapshot(self.path)  # nothing written beside the file, WAL mode included
+        self._engine = sa.create_engine(f"sqlite+pysqlite:///{self._snapshot.uri}&uri=true", poolclass=NullPool)
         self._conn: sa.Connection | None = None
         # The Arrow reader's own read-only connection (ADBC's SQLite driver): opened on the first
         # integer read; False once it failed or is not installed (the sqlite3 path then reads).
-        self._arrow_uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        self._arrow_uri = self._snapshot.uri
         self._arrow: Any = None if os.environ.get("NSYSAN_ARROW", "1") != "0" else False
         self._enums: dict[str, pd.DataFrame] = {}
         self._replace_bad_utf8 = False
@@ -163,6 +164,7 @@ class NsysExport:
             self._conn.close()
             self._conn = None
         self._engine.dispose()
+        self._snapshot.close()
 
     def __enter__(self) -> NsysExport:
         return self
