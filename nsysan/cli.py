@@ -402,8 +402,13 @@ def cache_clear(cache_dir: CacheDir = None) -> None:
     """Remove every entry of the frame cache (only nsysan's entries; the directory stays)."""
     from nsysan.ingest.cache import FrameCache
 
-    removed = FrameCache(cache_dir).clear()
+    cache = FrameCache(cache_dir)
+    removed, left = cache.clear()
     typer.echo(f"removed {removed} cache entr{'y' if removed == 1 else 'ies'}")
+    if left:
+        typer.echo(f"nsysan: error: could not remove {left} cache entr{'y' if left == 1 else 'ies'} in "
+                   f"{cache.directory} (no permission to delete there?)", err=True)  # fmt: skip
+        raise typer.Exit(1)
 
 
 @app.command()

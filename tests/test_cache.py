@@ -327,3 +327,12 @@ def test_a_commit_in_the_wal_after_caching_is_read_again(tmp_path, export):
         assert sorted(p.name for p in tmp_path.iterdir()) == beside  # the writer's files, none of ours
     finally:
         writer.close()
+
+
+def test_cache_clear_says_what_it_could_not_remove(tmp_path, export, monkeypatch):
+    where = tmp_path / "cache"
+    frames_of(export, FrameCache(where))
+    monkeypatch.setattr(shutil, "rmtree", lambda *a, **k: None)  # as a read-only directory would leave them
+    cleared = runner.invoke(app, ["cache", "clear", "--cache", str(where)])
+    assert cleared.exit_code == 1 and "removed 0" in cleared.stdout
+    assert "could not remove 1 cache entry" in cleared.stderr and FrameCache(where).info().entries == 1

@@ -95,12 +95,14 @@ class FrameCache:
         files = [f for e in entries for f in e.iterdir() if f.is_file()]
         return CacheInfo(self.directory, len(entries), len(files), sum(f.stat().st_size for f in files))
 
-    def clear(self) -> int:
-        """Remove every entry (only nsysan's entry directories); returns how many."""
+    def clear(self) -> tuple[int, int]:
+        """Remove every entry (only nsysan's entry directories): (removed, left), the entries that
+        are still there afterwards (a read-only directory) counted apart, never as removed."""
         entries = [p for p in self.directory.iterdir() if _is_entry(p)] if self.directory.is_dir() else []
         for entry in entries:
             shutil.rmtree(entry, ignore_errors=True)
-        return len(entries)
+        left = sum(entry.exists() for entry in entries)
+        return len(entries) - left, left
 
     # -- reads ------------------------------------------------------------------------------
 
