@@ -553,3 +553,52 @@ def test_scalars_bools_a_second_instance_and_close_with_pending_work():
     r = run_ranks(edge_cases, 2)
     assert r[1] == {"first": [3.5, [True, False, True]], "second": 7.0}
     assert "the transport was closed first" in r[0]["closed"]
+
+
+def bad_arguments(store, rank, world):
+    """Each bad call refused with a named error before any state changes; then a real exchange on
+    tag 1 shows that nothing broke (a tag of 2**63 used to raise struct.error mid-send)."""
+    from nsysan.transport import P2PTransport
+
+    peer = 1 - rank
+    calls = {
+        "tag 2**63": lambda t: t.isend(torch.ones(4), peer, tag=2**63),
+        "tag -1": lambda t: t.irecv(torch.ones(4), peer, tag=-1),
+        "tag 1.5": lambda t: t.isend(torch.ones(4), peer, tag=1.5),
+        "a list": lambda t: t.isend([1, 2, 3], peer),
+        "sparse": lambda t: t.isend(torch.eye(3).to_sparse(), peer),
+        "meta": lambda t: t.isend(torch.empty(3, device="meta"), peer),
+        "nested": lambda t: t.isend(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]), peer),
+        "recv into a conjugate view": lambda t: t.irecv(torch.ones(2, dtype=torch.complex64).conj(), peer),
+    }
+    result = {}
+    with P2PTransport(store, rank, world, timeout=60) as t:
+        for name, call in calls.items():
+            try:
+                call(t)
+                result[name] = "no error"
+            except (TypeError, ValueError) as exc:
+                result[name] = f"{type(exc).__name__}: {exc}"
+        values = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+        if rank == 0:
+            t.isend(values.conj(), peer, tag=1).wait(timeout=60)  # sent as its values, conjugated
+            t.isend(torch.arange(12.0).reshape(3, 4).t(), peer, tag=1).wait(timeout=60)  # not contiguous
+        else:
+            out = torch.empty(2, dtype=torch.complex64)
+            t.irecv(out, peer, tag=1).wait(timeout=60)
+            result["conj"] = torch.equal(out, values.conj().resolve_conj())
+            strided = torch.empty(4, 3)
+            t.irecv(strided, peer, tag=1).wait(timeout=60)
+            result["strided"] = torch.equal(strided, torch.arange(12.0).reshape(3, 4).t())
+        store.set(f"bad/{rank}", "1")
+        store.wait([f"bad/{r}" for r in range(world)])
+    return result
+
+
+def test_bad_arguments_are_named_errors_and_break_nothing():
+    r = run_ranks(bad_arguments, 2)
+    for rank in (0, 1):
+        errors = {k: v for k, v in r[rank].items() if k not in ("conj", "strided")}
+        assert all(v.startswith(("TypeError", "ValueError")) for v in errors.values()), errors
+        assert "tag" in errors["tag 2**63"] and "torch.Tensor" in errors["a list"] and "sparse" in errors["sparse"]
+    assert r[1]["conj"] and r[1]["strided"]

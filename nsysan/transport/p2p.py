@@ -433,7 +433,9 @@ class P2PTransport:
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
         """Post ``tensor`` for rank ``dst`` under ``tag``; returns at once."""
-        self._check_peer(dst)
+        self._check_call(tensor, dst, tag, "isend")
+        if tensor.is_conj() or tensor.is_neg():  # a lazy view: its bytes are not its values
+            tensor = tensor.resolve_conj().resolve_neg()
         if self._remote(dst):  # across hosts: the default process group's engine (gloo or NCCL)
             return self._engine(dist.isend(tensor, dst, tag=tag), f"send {self.rank}->{dst} tag {tag} (remote)")
         src_bytes = _as_bytes(tensor)
@@ -487,7 +489,9 @@ class P2PTransport:
 
     def irecv(self, out: torch.Tensor, src: int, tag: int = 0) -> Handle:
         """Receive the next message of rank ``src`` under ``tag`` into ``out``; returns at once."""
-        self._check_peer(src)
+        self._check_call(out, src, tag, "irecv")
+        if out.is_conj() or out.is_neg():
+            raise TypeError("irecv: cannot receive into a conjugate or negative view; resolve it first")
         if not out.is_contiguous():
             raise TransportError("irecv needs a contiguous tensor to receive into")
         if self._remote(src):
@@ -1009,6 +1013,24 @@ class P2PTransport:
         if self._cuda_channel is None:
             self._cuda_channel = CudaIpcChannel()
         return self._cuda_channel
+
+    def _check_call(self, tensor: object, peer: object, tag: object, what: str) -> None:
+        """The arguments of a send or receive, checked before any state changes: a tag that does not
+        fit the ring's int64 field used to raise struct.error after a sequence number was taken,
+        breaking every later call; tensors the byte view cannot carry are refused by name."""
+        for name, value in (("peer", peer), ("tag", tag)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{what}: {name} must be an int, not {type(value).__name__}")
+        if not 0 <= tag < 2**63:  # type: ignore[operator]
+            raise ValueError(f"{what}: tag must be in [0, 2**63), not {tag}")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{what}: tensor must be a torch.Tensor, not {type(tensor).__name__}")
+        if tensor.layout != torch.strided or tensor.is_nested:
+            kind = "nested" if tensor.is_nested else str(tensor.layout).removeprefix("torch.")
+            raise TypeError(f"{what}: a {kind} tensor cannot be sent as bytes; send its dense parts")
+        if tensor.device.type == "meta":
+            raise TypeError(f"{what}: a meta tensor has no data to send")
+        self._check_peer(peer)  # type: ignore[arg-type]
 
     def _check_peer(self, peer: int) -> None:
         if not 0 <= peer < self.world_size or peer == self.rank:
