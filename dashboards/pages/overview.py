@@ -18,6 +18,7 @@ the page says "building the timeline…" and polls, instead of a blank page whil
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -34,6 +35,8 @@ from nsysan.report import format as fmt
 from nsysan.report.document import fold_groups
 from nsysan.report.sections import tables
 from nsysan.store import NotFound
+
+log = logging.getLogger(__name__)
 
 BODY = "overview-body"
 SUMMARY = "overview-summary"
@@ -150,9 +153,13 @@ def register(app: dash.Dash, server: Server) -> None:
     def _draw(trace_id: int | None, view: dict[str, Any] | None) -> Any:
         if trace_id is None:
             return dash.no_update, dash.no_update, dash.no_update
-        t = server.store.trace(trace_id)
-        body, final = _body(server, t, view or {})
-        return body, _summary(server, t), final  # not final: evicted meanwhile, the poll resumes
+        try:
+            t = server.store.trace(trace_id)
+            body, final = _body(server, t, view or {})
+            return body, _summary(server, t), final  # not final: evicted meanwhile, the poll resumes
+        except Exception:  # the poll stopped when it saw the timeline ready: let it try again
+            log.exception("trace %s: drawing the page failed; polling again", trace_id)
+            return dash.no_update, dash.no_update, False
 
     @app.callback(Output(ids.TIMELINE, "figure"), Output(VIEW, "data"), Output(EVIDENCE, "children"),
                   Input(ids.TIMELINE, "relayoutData"), State(ids.TRACE_ID, "data"), State(VIEW, "data"),

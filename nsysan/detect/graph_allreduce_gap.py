@@ -223,6 +223,7 @@ def _finding(
     region = rep[(rep["export"] == export) & (rep["pid"] == pid) & (rep["device"] == device) & (rep["graph"] == graph)]
     all_replays = region["replay"].nunique()
     launch = calls[(calls["export"] == export) & (calls["pid"] == pid) & calls["correlation_id"].isin(replays)]
+    known_nodes = nodes is not None  # the capture has graph-node rows to look for event nodes in
     nodes = nodes if nodes is not None else pd.DataFrame(columns=["root", "name"])
     median_gap = float(g["gap_ns"].median())  # over every delayed all-reduce of every replay
     worst_gap = float(g["gap_ns"].max())
@@ -234,7 +235,7 @@ def _finding(
             f"All-reduce waits {median_gap / 1e3:.0f} us (median; worst {worst_gap / 1e3:.0f} us) after its "
             f"producer in {len(replays)} CUDA graph replays (eager baseline {baseline / 1e3:.0f} us)"
         ),
-        advice=_advice(len(nodes)),
+        advice=_advice(len(nodes) if known_nodes else None),
         start_ns=int(g["producer_end"].min()),
         end_ns=int(g["start_ns"].max()),
         impact_ns=impact,
@@ -275,8 +276,16 @@ def _finding(
     )
 
 
-def _advice(event_nodes: int) -> str:
-    """The fix the evidence points to: NCCL's mixing switch only where its event nodes are there to drop."""
+def _advice(event_nodes: int | None) -> str:
+    """The fix the evidence points to: NCCL's mixing switch only where its event nodes are there to
+    drop (``None``: the capture has no graph-node rows to tell)."""
+    if event_nodes is None:
+        return (
+            "The capture has no graph-node records to show whether NCCL added event-record/stream-wait nodes "
+            "before the all-reduce. If it did, NCCL_GRAPH_MIXING_SUPPORT=0 drops them (then a communicator must "
+            "not have a replay outstanding together with another replay or with uncaptured NCCL calls); if not, "
+            "look at what else the all-reduce node depends on in the captured graph."
+        )
     if event_nodes:
         return (
             f"Set NCCL_GRAPH_MIXING_SUPPORT=0 to drop the {event_nodes} event-record/stream-wait nodes NCCL adds so "

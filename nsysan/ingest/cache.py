@@ -59,7 +59,7 @@ def export_key(path: Path) -> str:
     and the same of a ``-wal`` / ``-journal`` file with content, whose commits the file does not
     show (a WAL-mode export written after it was cached)."""
     digest = hashlib.sha256(READER_VERSION.encode())
-    for part in (path, *journal_files(path)):
+    for part in (path, *journal_files(path.resolve())):  # beside the file a symlink names, as it is read
         st = part.stat()
         digest.update(f" {part.name} {st.st_size} {st.st_mtime_ns} ".encode())
         with part.open("rb") as fh:

@@ -135,7 +135,11 @@ class NsysExport:
             )
         self._views = self.part.view_statements(self.columns_by_table)
         if self._views and self._conn is not None:
-            self._create_views(self._conn.connection.dbapi_connection)
+            try:
+                self._create_views(self._conn.connection.dbapi_connection)
+            except BaseException:
+                self.close()  # the connection, and a private copy of the file if one was made
+                raise
 
     # -- connection -------------------------------------------------------------------------
 

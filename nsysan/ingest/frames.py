@@ -539,7 +539,10 @@ def _domain_names(x: NsysExport, table: str | None) -> pd.DataFrame:
                    f"WHERE n.eventType IN ({', '.join(map(str, ids))}) AND n.domainId IS NOT NULL ORDER BY n.rowid")  # fmt: skip
     if rows.empty:
         return empty
-    domain_id = pd.to_numeric(rows["domain_id"], errors="coerce").astype("Int64")
+    raw = pd.to_numeric(rows["domain_id"], errors="coerce").astype("float64")
+    whole = raw.notna() & (raw % 1 == 0) & (raw.abs() < 2.0**53)  # a REAL or text id is no domain
+    domain_id = pd.Series(pd.NA, index=raw.index, dtype="Int64")
+    domain_id[whole] = raw[whole].astype("int64")
     out = pd.DataFrame({"pid": decode_pid(rows["g"]), "domain_id": domain_id,
                         "domain": rows["domain"].astype(object)})  # fmt: skip
     return out.drop_duplicates(["pid", "domain_id"], keep="last")

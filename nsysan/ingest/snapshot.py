@@ -75,14 +75,16 @@ def open_snapshot(path: Path) -> Snapshot:
     if not sides:
         wal = _wal_mode(resolved)
         return Snapshot(path, _uri(resolved, "mode=ro&immutable=1" if wal else "mode=ro"))
-    copy_dir = Path(tempfile.mkdtemp(prefix="nsysan-export-"))
+    copy_dir = Path(tempfile.gettempdir())
     try:
+        copy_dir = Path(tempfile.mkdtemp(prefix="nsysan-export-"))
         target = copy_dir / resolved.name
         shutil.copyfile(resolved, target)
         for side in sides:
             shutil.copyfile(side, copy_dir / side.name)
     except OSError as exc:
-        shutil.rmtree(copy_dir, ignore_errors=True)
+        if copy_dir.name.startswith("nsysan-export-"):
+            shutil.rmtree(copy_dir, ignore_errors=True)
         raise InputError(
             f"{path}: its {sides[0].name} holds changes not yet in the file, and a private copy to read them "
             f"could not be made in {copy_dir.parent} ({exc.strerror or exc}); free space there or set TMPDIR"
