@@ -127,7 +127,8 @@ def test_a_peer_that_polls_is_not_rung_for_each_message():
     for rank in (0, 1):
         assert r[rank]["bad"] == 0
         # a ring per message before; now only when the peer's background thread happened to be asleep
-        assert r[rank]["rings"] < r[rank]["messages"] // 10, r
+        # (more often on a loaded 2-core CI machine: 128 of 500 seen there, against 500 for the bug)
+        assert r[rank]["rings"] < r[rank]["messages"] // 3, r
 
 
 def sleeping_receiver(store, rank, world):
