@@ -222,3 +222,38 @@ def test_the_export_route_and_the_findings_pages_text_filter_and_clock(tmp_path)
         assert findings_page.headlines([f])[0]["when_ms"] is None
     finally:
         server.analysis.shutdown()
+
+
+def test_the_poll_does_not_answer_a_pages_own_save_with_updated(tmp_path):
+    """A poll tick sent while the page's save is in flight reads the saved finding; its answer, arriving
+    after the save's, must not overwrite "Saved" with "Updated: sam changed ..." (CI saw this race
+    hide the confirmation). Another reviewer's change, or a different one, still says "Updated"."""
+    from dashboards import ids
+    from dashboards.server import Server
+    from tests.test_dashboard_security import _call, _client
+
+    server = Server(ReviewStore(tmp_path / "review.sqlite"), uploads_dir=tmp_path / "uploads")
+    try:
+        trace_id = _analysed(server.store, "pipeline-stall")
+        (f,) = server.store.findings(trace_id, kind="nccl_ordering_stall")
+        seen = {"version": 1, "status": "open", "assignee": "", "comments": 0, "events": 0}
+        server.store.update_finding(f["id"], based_on_version=1, status="confirmed", author="sam")
+        client = _client(server)
+
+        def poll(author: str, status: str) -> dict:
+            values = {f"{ids.REVIEW_POLL}.n_intervals": 5, f"{ids.FINDING_ID}.data": f["id"],
+                      f"{ids.REVIEW_SEEN}.data": seen, f"{ids.FINDING_VERSION}.data": 1,
+                      f"{ids.STATUS}.value": status, f"{ids.ASSIGNEE}.value": "", f"{ids.AUTHOR}.value": author}  # fmt: skip
+            answer = _call(client, f"{ids.REVIEW_POLL}.n_intervals", values, {"Host": "127.0.0.1"})
+            assert answer.status_code == 200, answer.data
+            return answer.get_json()["response"]
+
+        own = poll("sam", "confirmed")  # sam's page, its save's answer not yet applied
+        assert ids.REVIEW_MESSAGE not in own and own[ids.FINDING_VERSION]["data"] == 2
+        assert own[ids.REVIEW_SEEN]["data"]["version"] == 2
+        other = poll("ana", "confirmed")  # ana made the same edit in her page: sam's change is news to her
+        assert "Updated: sam changed status open → confirmed." in str(other[ids.REVIEW_MESSAGE])
+        stale = poll("sam", "fixed")  # sam, another tab, editing something else: kept and warned
+        assert "changed by someone else while you edit it" in str(stale[ids.REVIEW_MESSAGE])
+    finally:
+        server.analysis.shutdown()

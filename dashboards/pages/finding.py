@@ -129,9 +129,9 @@ def register(app: dash.Dash, server: Server) -> None:
                   Output(ids.STATUS, "value"), Output(ids.ASSIGNEE, "value"),
                   Input(ids.REVIEW_POLL, "n_intervals"), State(ids.FINDING_ID, "data"), State(ids.REVIEW_SEEN, "data"),
                   State(ids.FINDING_VERSION, "data"), State(ids.STATUS, "value"), State(ids.ASSIGNEE, "value"),
-                  prevent_initial_call=True)  # fmt: skip
+                  State(ids.AUTHOR, "value"), prevent_initial_call=True)  # fmt: skip
     def _poll(_n: int, finding_id: int, seen: dict[str, Any] | None, version: int, status: str | None,
-              assignee: str | None) -> Any:  # fmt: skip
+              assignee: str | None, author: str | None) -> Any:  # fmt: skip
         """Redraw the review when someone else changed it; keep the form when the user is editing it."""
         state = server.store.review_state(finding_id)
         if _same(state, seen or {}):
@@ -143,6 +143,14 @@ def register(app: dash.Dash, server: Server) -> None:
         editing = mine != ((seen or {}).get("status"), (seen or {}).get("assignee") or "")
         newer = [e for e in f["events"] if e["version"] > version]
         what = "; ".join(f"{e['author']} changed {describe(e).replace(' -> ', ' → ')}" for e in newer) or "changed"
+        if (
+            editing
+            and mine == (f["status"], f["assignee"] or "")
+            and {e["author"] for e in newer} == {server.author(author)}
+        ):
+            # this page's own save, read before its answer arrived (a tick sent while the save was in
+            # flight): the save's answer says "Saved"; saying "Updated" here would overwrite it
+            return _thread(f), _seen(f), dash.no_update, f["version"], dash.no_update, dash.no_update
         if editing and mine != (f["status"], f["assignee"] or ""):
             message = html.P(f"This finding was changed by someone else while you edit it ({what}): your unsaved edit "
                              "is kept, but saving it will be refused; reload it to start from theirs.",
