@@ -216,3 +216,39 @@ def test_findings_show_when_and_are_searched_in_a_trace_and_across_traces(browse
     table.get_by_text("nccl_ordering_stall").wait_for(state="detached")
     page.fill("#filter-text", "SendRecv")
     table.get_by_text("nccl_ordering_stall").wait_for()
+
+
+def test_a_save_after_the_session_ended_says_so_and_keeps_the_edit(browser, tmp_path):
+    """A comment posted after a logout in another tab is answered 401: the page says nothing was saved
+    and keeps the text; signing in again (another tab) and posting again saves it. A server that is
+    gone is said too."""
+    from dashboards.auth import hash_password
+
+    s = serve(tmp_path, str(tmp_path / "review.sqlite"), host="0.0.0.0",
+              env={"NSYSAN_USERS": f"ana={hash_password('pass-word-42')}"})  # fmt: skip
+    try:
+        context = browser.new_context()
+        page, other = context.new_page(), context.new_page()
+        _log_in(page, s.url, "ana", "pass-word-42")
+        _ready(page, "pipeline-stall")
+        page.goto(f"{s.url}/findings/1")
+        page.locator("#comment-text").wait_for()
+        page.fill("#comment-text", "Rank 3 is late because of its data loader.")
+        other.goto(f"{s.url}/logout")  # the same person, another tab: the session ends
+        page.click("#comment-add")
+        banner = page.locator("#session-banner")
+        banner.get_by_text("Your session has ended").wait_for()
+        assert "nothing was saved" in banner.inner_text()
+        assert page.input_value("#comment-text") == "Rank 3 is late because of its data loader."
+        _log_in(other, s.url, "ana", "pass-word-42")
+        page.click("#comment-add")
+        page.locator("li.comment", has_text="Rank 3 is late because of its data loader.").wait_for()
+        banner.wait_for(state="hidden")
+        s.stop()
+        page.fill("#comment-text", "one more")
+        page.click("#comment-add")
+        banner.get_by_text("The server cannot be reached").wait_for()
+        assert page.input_value("#comment-text") == "one more"
+    finally:
+        if s.process.poll() is None:
+            s.stop()
