@@ -125,6 +125,7 @@ import json, sys, time
 clock = time.process_time
 t = clock()
 from nsysan.analysis import ExportResult, reduce_job
+from nsysan.attribution.part import map_attribution
 from nsysan.diff.profile import DEFAULT_STEP_PATTERN, profile_part
 from nsysan.ingest import load_trace
 from nsysan.overview import KERNEL_COLUMNS, overview_part
@@ -140,9 +141,11 @@ with load_trace([sys.argv[1]], cache=None) as job:
     step("read NVTX", lambda: one.nvtx)
     step("read copies, sets, NCCL calls", lambda: (one.memcpy, one.memset, one.nccl_calls))
     overview = step("overview", lambda: overview_part(one).with_export(0))
-    detectors = step("detectors (map)", lambda: map_detectors(one).with_export(0))
+    detectors = step("detectors (map)", lambda: map_detectors(one))
+    attribution, detectors.findings = step("attribution (map)", lambda: map_attribution(one, DEFAULT_STEP_PATTERN,
+                                                                                        detectors.findings))
     profile = step("diff profile (map)", lambda: profile_part(one, DEFAULT_STEP_PATTERN))
-    result = ExportResult(one.exports[0], overview, detectors, [profile])
+    result = ExportResult(one.exports[0], overview, detectors.with_export(0), attribution.with_export(0), [profile])
     doc = step("reduce", lambda: reduce_job([result], ranks, [], None))
     step("render JSON", lambda: render_json(doc))
 print(json.dumps(spent))

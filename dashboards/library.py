@@ -45,15 +45,19 @@ def register_exports(store: ReviewStore, paths: Sequence[str | os.PathLike[str]]
 
 def jobs_in(directory: Path) -> list[list[Path]]:
     """The traces a directory holds: each export file is one, and each subdirectory of exports is
-    one job (one export per rank)."""
+    one job (one export per rank). A link to one of them (a capture's ``latest``) is not another."""
     jobs: list[list[Path]] = []
-    for entry in sorted(directory.iterdir()):
+    seen: set[tuple[Path, ...]] = set()
+    for entry in sorted(directory.iterdir(), key=lambda e: (e.is_symlink(), e.name)):
+        files: list[Path] = []
         if entry.is_file() and entry.suffix.lower() in EXPORT_SUFFIXES:
-            jobs.append([entry])
+            files = [entry]
         elif entry.is_dir() and not entry.name.startswith("."):
             files = sorted(p for p in entry.iterdir() if p.is_file() and p.suffix.lower() in EXPORT_SUFFIXES)
-            if files:
-                jobs.append(files)
+        key = tuple(p.resolve() for p in files)
+        if files and key not in seen:
+            seen.add(key)
+            jobs.append(files)
     return jobs
 
 

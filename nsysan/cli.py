@@ -80,6 +80,14 @@ NoCache = Annotated[bool, typer.Option("--no-cache", help="Read and analyse ever
 NoColor = Annotated[
     bool, typer.Option("--no-color", help="Terminal output without colour (as does a non-empty NO_COLOR variable).")
 ]
+AllowMixed = Annotated[
+    bool,
+    typer.Option(
+        "--allow-mixed",
+        help="Analyse exports whose processes announce the same rank (two captures given together are "
+        "refused by default); the repeats are numbered as guessed ranks.",
+    ),
+]
 PIPED_WIDTH = 160  # columns of terminal output that goes to a file or a pipe, unless COLUMNS says otherwise
 
 
@@ -185,6 +193,7 @@ def report(
             "always hold all of it; JSON is always complete.",
         ),
     ] = False,
+    allow_mixed: AllowMixed = False,
     no_color: NoColor = False,
 ) -> None:
     """Analyse nsys exports: where each rank's step time went, what to fix first, NCCL, NVTX, capture limits.
@@ -210,7 +219,8 @@ def report(
         raise InputError(f"{output}: is one of the input traces; choose another --output file")
     with open_engine(workers, scheduler, paths) as engine:
         # json carries the profile `nsysan diff` needs from a saved baseline
-        doc = analyse_files(traces, overrides, engine, pattern if fmt == "json" else None, step_pattern=pattern)
+        doc = analyse_files(traces, overrides, engine, pattern if fmt == "json" else None, step_pattern=pattern,
+                            allow_mixed=allow_mixed)  # fmt: skip
     if manifests:
         doc["capture"] = manifests[0] if len(manifests) == 1 else manifests
         ranks = len({r for t in doc["traces"] for r in t["ranks"]})
@@ -328,6 +338,7 @@ def diff(
     ] = None,
     cache_dir: CacheDir = None,
     no_cache: NoCache = False,
+    allow_mixed: AllowMixed = False,
     no_color: NoColor = False,
 ) -> None:
     """Compare two captures of one job (before/after a change): step time, GPU time, NCCL, kernels, findings.
@@ -357,7 +368,7 @@ def diff(
     pattern = step_pattern or DEFAULT_STEP_PATTERN
 
     def analyse_traces(arg: str) -> dict[str, Any]:  # as `report` does: map results kept in the cache
-        return analyse_files([arg], overrides, Serial(), pattern)
+        return analyse_files([arg], overrides, Serial(), pattern, allow_mixed=allow_mixed)
 
     sides = [load_side(arg, settings=overrides, step_pattern=pattern, analyse_traces=analyse_traces)
              for arg in (before, after)]  # fmt: skip

@@ -274,10 +274,12 @@ def analyse_files(
     engine: Engine,
     profile_steps: str | None = None,
     step_pattern: str = DEFAULT_STEP_PATTERN,
+    allow_mixed: bool = False,
 ) -> dict[str, Any]:
     """The report document of the job in ``inputs`` (files, directories, globs), mapped by ``engine``,
     its steps found by ``step_pattern``; with the diff profile (``profile``) when ``profile_steps``,
-    its step pattern, is given (then it is the steps' pattern too).
+    its step pattern, is given (then it is the steps' pattern too). Exports whose processes announce
+    the same rank are refused (:class:`~nsysan.ingest.ranks.RepeatedRanks`) unless ``allow_mixed``.
 
     Same document as :func:`nsysan.analysis.analyse` on ``load_trace(inputs)`` (plus
     :func:`nsysan.diff.build_profile`): the same functions run, only elsewhere.
@@ -290,7 +292,7 @@ def analyse_files(
     split = [not engine.in_process or slice_in_process(p) for p in paths]
     surveys = engine.map(survey_file, [(p, i, cache, s) for i, (p, s) in enumerate(zip(paths, split, strict=True))],
                          "ranks")  # fmt: skip
-    ranks = assign_guessed([s.announced for s in surveys])
+    ranks = assign_guessed([s.announced for s in surveys], [str(p) for p in paths], allow_mixed)
     tasks, owners = [], []
     for i, (p, survey) in enumerate(zip(paths, surveys, strict=True)):
         mine = ranks[ranks["export"] == i].assign(export=0).reset_index(drop=True)

@@ -506,12 +506,11 @@ def _limitations(
             f"Ranks of {len(guessed)} of {len(ranks)} processes were guessed from process order; "
             "an NVTX mark such as `nsysan rank=3` in each process records them."
         )
-    claimed = ranks.groupby("rank")["pid"].count()
-    shared = sorted(int(r) for r in claimed[claimed > 1].index)
-    if shared:
+    retaken = ranks[ranks["rank_source"].astype(str).str.startswith("process order (")]
+    if len(retaken):
         notes.append(
-            f"Rank(s) {', '.join(map(str, shared))} announced by more than one process: "
-            "are all these exports from one job?"
+            f"{len(retaken)} process(es) announced a rank another process had already announced (--allow-mixed): "
+            f"numbered as guessed ranks {', '.join(map(str, retaken['rank']))}; these exports are not one job."
         )
     if n > 1 and any(e.session_start_utc_ns is None for e in infos):
         notes.append("Some exports lack a session start time: their clocks cannot be aligned across ranks.")

@@ -135,3 +135,48 @@ def test_good_input_is_byte_identical_after_report(tmp_path):
     assert result.returncode == 0, result.stderr
     assert sha256(copy) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sample.sqlite"], "no journal or side files"
+
+
+def test_two_captures_given_as_one_job_are_refused_unless_allowed(tmp_path):
+    """Two captures of the same 4-rank job (the README's glob over two run directories): every rank is
+    announced twice. Refused with each rank's two exports named; ``--allow-mixed`` analyses all 8
+    processes, the repeats numbered as guessed ranks (it was an internal error in late_rank)."""
+    before = tmp_path / "run1" / "report.sqlite"
+    after = tmp_path / "run2" / "report.sqlite"
+    for path, sample in ((before, "pipeline-stall"), (after, "pipeline-stall-fixed")):
+        path.parent.mkdir()
+        shutil.copy(sample_paths(sample)[0], path)
+    digest = sha256(before)
+    refused = run_report(str(tmp_path / "run*" / "report.sqlite"))
+    assert_one_line_error(refused, "4 rank(s) announced by more than one process", f"rank 0 by {before} pid 3005 (python3) and {after} pid 3005",
+                          "--allow-mixed")  # fmt: skip
+    assert sha256(before) == digest
+    mixed = run_report(str(before), str(after), "--allow-mixed", "--format", "json")
+    assert mixed.returncode == 0, mixed.stderr
+    import json
+
+    ranks = json.loads(mixed.stdout)["summary"]["ranks"]
+    assert sorted(r["rank"] for r in ranks) == list(range(8))
+    assert [r["rank_source"] for r in ranks if r["export"] == 1] == ["process order (its announced rank was taken)"] * 4
+
+
+def test_repeated_ranks_are_told_apart_from_guessed_ones():
+    import pandas as pd
+
+    from nsysan.ingest.ranks import RepeatedRanks, assign_guessed
+
+    def announced(export: int, ranks: list[int | None]) -> pd.DataFrame:
+        return pd.DataFrame({"export": export, "pid": range(100, 100 + len(ranks)), "process": "python",
+                             "rank": ranks, "local_rank": None, "world_size": None,
+                             "rank_source": ["nvtx" if r is not None else None for r in ranks]})  # fmt: skip
+
+    # one rank each, and one process that announced none: no repeat, the guess takes a free number
+    table = assign_guessed([announced(0, [0, None]), announced(1, [1])])
+    assert list(table["rank"]) == [0, 2, 1] and list(table["rank_source"]) == ["nvtx", "process order", "nvtx"]
+    with pytest.raises(
+        RepeatedRanks,
+        match=r"1 rank\(s\) announced by more than one process.*rank 1 by a.sqlite pid 101 \(python\) and b.sqlite pid 100",
+    ):
+        assign_guessed([announced(0, [0, 1]), announced(1, [1])], ["a.sqlite", "b.sqlite"])
+    table = assign_guessed([announced(0, [0, 1]), announced(1, [1])], allow_mixed=True)
+    assert list(table["rank"]) == [0, 1, 2]

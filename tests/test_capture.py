@@ -220,3 +220,21 @@ def test_an_output_override_is_refused_before_a_run_directory_exists(tmp_path):
     with pytest.raises(InputError, match="--nsys: the output is set"):
         capture(["true"], run, nsys_options=["-o=foo"], nsys=(Path("/nonexistent/nsys"), "2022.4"))
     assert not run.exists()
+
+
+def test_each_run_directory_becomes_latest(tmp_path):
+    """ROOT/latest names the newest run (relative, so the runs can move); two runs in one second get
+    two directories."""
+    from nsysan.capture.run import run_directory
+
+    first = run_directory(tmp_path / "runs", "pipeline")
+    second = run_directory(tmp_path / "runs", "pipeline")
+    assert first != second
+    latest = tmp_path / "runs" / "latest"
+    assert os.readlink(latest) == second.name and latest.resolve() == second.resolve()
+    moved = tmp_path / "moved"
+    (tmp_path / "runs").rename(moved)
+    assert (moved / "latest").resolve() == (moved / second.name).resolve()
+    assert sorted(p.name for p in moved.iterdir() if not p.name.startswith(".")) == sorted(
+        [first.name, second.name, "latest"]
+    )

@@ -269,6 +269,7 @@ def test_a_capture_run_directory_is_named_by_the_directory(server, tmp_path):
         (runs / run).mkdir(parents=True)
         shutil.copy(SAMPLES_DIR / f"{sample}.sqlite", runs / run / "report.sqlite")
         (runs / run / "manifest.json").write_text("{}")
+    (runs / "latest").symlink_to("20260101-130000-pipeline")  # as capture points it: not a third trace
     server.traces_dir = runs
     assert len(scan_directory(server).ids) == 2 and server.refused == []
     assert sorted(t["name"] for t in server.store.traces()) == ["20260101-120000-pipeline", "20260101-130000-pipeline"]

@@ -32,14 +32,15 @@ def assert_same(got: Overview, want: Overview) -> None:
 
 def split_and_merge(paths: list[Path], order: list[int] | None = None) -> tuple[Overview, Overview]:
     """(the merge of one part per export, each from its own one-export Trace; the whole-trace overview)."""
-    parts = []
-    for i, path in enumerate(paths):
-        with load_trace([path], cache=None) as one:
-            # what a worker sends the coordinator: pickled
-            parts.append(pickle.loads(pickle.dumps(overview_part(one).with_export(i))))
-    with load_trace(paths, cache=None) as whole:
+    with load_trace(paths, cache=None, allow_mixed=True) as whole:  # samples of different jobs
         want = build_overview(whole)
         ranks, exports, notes = whole.ranks, whole.exports, whole.input_notes
+    parts = []
+    for i, path in enumerate(paths):
+        mine = ranks[ranks["export"] == i].assign(export=0).reset_index(drop=True)  # as the engine hands it out
+        with load_trace([path], cache=None, ranks=mine) as one:
+            # what a worker sends the coordinator: pickled
+            parts.append(pickle.loads(pickle.dumps(overview_part(one).with_export(i))))
     ordered = [parts[i] for i in order] if order else parts
     return merge_overview(ordered, ranks, exports, notes), want
 

@@ -107,12 +107,18 @@ def test_limitations_are_judged_per_export(tmp_path):
     ]
 
 
-def test_two_jobs_claiming_the_same_rank_are_flagged(tmp_path):
+def test_two_jobs_claiming_the_same_rank_are_refused_or_flagged(tmp_path):
+    from nsysan.ingest.ranks import RepeatedRanks
+
     a, _ = write_job(JobSpec(ranks=1, seed=1), tmp_path / "a")
     b, _ = write_job(JobSpec(ranks=1, seed=2), tmp_path / "b")
-    with load_trace(a + b) as trace:
-        notes = analyse(trace)["summary"]["limitations"]
-    assert any("Rank(s) 0 announced by more than one process" in n for n in notes)
+    with load_trace(a + b) as trace, pytest.raises(RepeatedRanks, match="rank 0 by "):
+        analyse(trace)
+    with load_trace(a + b, allow_mixed=True) as trace:
+        doc = analyse(trace)
+    assert sorted(r["rank"] for r in doc["summary"]["ranks"]) == [0, 1]
+    assert any("1 process(es) announced a rank another process had already announced (--allow-mixed): numbered "
+               "as guessed ranks 1" in n for n in doc["summary"]["limitations"])  # fmt: skip
 
 
 def test_exports_whose_strings_do_not_resolve_still_combine(tmp_path):
@@ -122,7 +128,7 @@ def test_exports_whose_strings_do_not_resolve_still_combine(tmp_path):
     con.execute("DELETE FROM StringIds WHERE value LIKE '%sgemm%' OR value LIKE '%nccl%' OR value LIKE '%elementwise%'")
     con.commit()
     con.close()
-    with load_trace(good + bad) as trace:
+    with load_trace(good + bad, allow_mixed=True) as trace:  # two one-rank jobs
         k = trace.kernels
     assert k.groupby("export")["short_name"].count().to_dict() == {
         0: len(k[k["export"] == 0]),

@@ -70,17 +70,31 @@ def _now() -> str:
 
 def run_directory(root: Path, name: str) -> Path:
     """A fresh directory for this run: ROOT/<utc time>-<name>[-N] (mkdir decides, so two captures
-    starting in the same second cannot take the same one)."""
+    starting in the same second cannot take the same one), and ROOT/latest pointing at it: a glob
+    over every run would give several captures of one job together, which the report refuses."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     root.mkdir(parents=True, exist_ok=True)
     for suffix in range(1, 10_000):
         path = root / (f"{stamp}-{name}" + (f"-{suffix}" if suffix > 1 else ""))
         try:
             path.mkdir()
-            return path
         except FileExistsError:
             continue
+        _point_latest(root, path.name)
+        return path
     raise InputError(f"{root}: cannot create a run directory for {name}")
+
+
+def _point_latest(root: Path, name: str) -> None:
+    """ROOT/latest -> NAME (relative, so the runs directory can move), swapped in one rename; a
+    filesystem without symlinks just has none."""
+    temporary = root / f".latest-{os.getpid()}"
+    try:
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(name, target_is_directory=True)
+        os.replace(temporary, root / "latest")
+    except OSError:
+        temporary.unlink(missing_ok=True)
 
 
 def profile_options(nsys: Path) -> str:

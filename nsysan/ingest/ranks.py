@@ -20,6 +20,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from nsysan.errors import InputError
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.frames import decode_pid, nvtx_type_ids, read_frame
 from nsysan.ingest.tables import find_table
@@ -125,25 +126,63 @@ def announced_ranks(x: NsysExport, index: int = 0) -> pd.DataFrame:
     return df.astype({"export": "int64", "pid": "int64"})
 
 
-def assign_guessed(announced: list[pd.DataFrame]) -> pd.DataFrame:
+class RepeatedRanks(InputError):
+    """Two processes announced the same rank: the exports are not one job (two captures mixed)."""
+
+
+def assign_guessed(
+    announced: list[pd.DataFrame], names: list[str] | None = None, allow_mixed: bool = False
+) -> pd.DataFrame:
     """The job's rank table from every export's :func:`announced_ranks` (in input order): processes
-    that announced no rank are numbered in input order, then by pid, skipping ranks that are taken."""
+    that announced no rank are numbered in input order, then by pid, skipping ranks that are taken.
+
+    A rank announced by two processes means two jobs' exports were given together (a glob over two
+    captures): :class:`RepeatedRanks`, naming where (``names``: each export's path), unless
+    ``allow_mixed``, which numbers the later announcements as guessed ranks instead."""
     parts = [a for a in announced if len(a)]
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(RANK_COLUMNS))
     if df.empty:
         return df.astype({"export": "int64", "pid": "int64"})
-    taken = set(pd.to_numeric(df["rank"], errors="coerce").dropna().astype(int))
+    df["rank"] = pd.to_numeric(df["rank"], errors="coerce").astype("Int64")
+    repeated = df["rank"].notna() & df.duplicated("rank", keep="first")
+    if repeated.any():
+        if not allow_mixed:
+            raise RepeatedRanks(_repeated_message(df, repeated, names))
+        df["rank_source"] = df["rank_source"].astype(object)
+        df.loc[repeated, "rank_source"] = "process order (its announced rank was taken)"
+        df.loc[repeated, "rank"] = pd.NA
+    taken = set(df["rank"].dropna().astype(int))
     free = (r for r in range(len(df) + len(taken)) if r not in taken)
     missing = df["rank"].isna()
     if missing.any():
         df["rank"] = df["rank"].astype(object)
-        df.loc[missing, "rank_source"] = "process order"
+        df.loc[missing & df["rank_source"].isna(), "rank_source"] = "process order"
         df.loc[missing, "rank"] = [next(free) for _ in range(int(missing.sum()))]
     for column in ("rank", "local_rank", "world_size"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
     return df.astype({"export": "int64", "pid": "int64"})
 
 
-def identify_ranks(exports: list[NsysExport]) -> pd.DataFrame:
+def _repeated_message(df: pd.DataFrame, repeated: pd.Series, names: list[str] | None) -> str:
+    """Which ranks were announced twice, and by which export and process (the first three ranks)."""
+    ranks = df.loc[repeated, "rank"].drop_duplicates()
+
+    def where(row: pd.Series) -> str:
+        export = names[int(row["export"])] if names and int(row["export"]) < len(names) else f"export {row['export']}"
+        process = f" ({row['process']})" if row["process"] else ""
+        return f"{export} pid {int(row['pid'])}{process}"
+
+    told = []
+    for rank in ranks.iloc[:3]:
+        holders = df[df["rank"] == rank]
+        told.append(f"rank {int(rank)} by " + " and ".join(where(r) for _, r in holders.iterrows()))
+    more = f" (and {len(ranks) - 3} more ranks)" if len(ranks) > 3 else ""
+    return (f"{len(ranks)} rank(s) announced by more than one process, so these exports are not one job (two captures given "
+            f"together?): {'; '.join(told)}{more}. Give one capture's exports, or --allow-mixed to analyse them "
+            "anyway with the repeats numbered as guessed ranks")  # fmt: skip
+
+
+def identify_ranks(exports: list[NsysExport], allow_mixed: bool = False) -> pd.DataFrame:
     """One row per active process of every export: its rank and where that came from."""
-    return assign_guessed([announced_ranks(x, i) for i, x in enumerate(exports)])
+    names = [str(x.path) for x in exports]
+    return assign_guessed([announced_ranks(x, i) for i, x in enumerate(exports)], names, allow_mixed)

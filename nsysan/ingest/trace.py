@@ -92,8 +92,10 @@ class Trace:
         ranks: pd.DataFrame | None = None,
         owns_exports: bool = True,
         runs: list[int] | None = None,
+        allow_mixed: bool = False,
     ) -> None:
         self._exports = exports
+        self.allow_mixed = allow_mixed  # processes announcing the same rank renumbered, not refused
         # per export, its run length when measured elsewhere: a slice of an export's processes
         # is judged against the whole export's run (nsysan.detect.common.run_ns)
         self.known_runs = runs
@@ -174,7 +176,7 @@ class Trace:
 
     @functools.cached_property
     def ranks(self) -> pd.DataFrame:
-        return identify_ranks(self._exports)
+        return identify_ranks(self._exports, self.allow_mixed)
 
     @property
     def kernels(self) -> pd.DataFrame:
@@ -434,12 +436,15 @@ def load_trace(
     inputs: Iterable[str | os.PathLike[str]],
     cache: FrameCache | Literal["process"] | None = "process",
     ranks: pd.DataFrame | None = None,
+    allow_mixed: bool = False,
 ) -> Trace:
     """Open every export named by ``inputs`` (files, directories, globs) as one Trace.
 
     ``cache``: where frames read from the exports are kept for the next load (see
     :mod:`nsysan.ingest.cache`); by default the process's cache, which is off unless configured.
     ``ranks``: the rank table when it was decided elsewhere (a worker reading one export of a job).
+    ``allow_mixed``: analyse exports whose processes announce the same rank (otherwise refused when
+    the ranks are read: two captures given as one job).
 
     Raises an :class:`~nsysan.errors.InputError` naming the file for anything unusable,
     including an export with neither CUDA tables nor NVTX events (nothing to analyse).
@@ -460,4 +465,10 @@ def load_trace(
         for x in exports:
             x.close()
         raise
-    return Trace(exports, input_notes=skipped, cache=process_cache() if cache == "process" else cache, ranks=ranks)
+    return Trace(
+        exports,
+        input_notes=skipped,
+        cache=process_cache() if cache == "process" else cache,
+        ranks=ranks,
+        allow_mixed=allow_mixed,
+    )
