@@ -17,17 +17,27 @@ import typer
 from nsysan import __version__
 from nsysan.errors import GateFailed, InputError, NsysanError
 from nsysan.report.formats import FORMATS
+from nsysan.workloads import WORKLOADS
 
 app = typer.Typer(
     name="nsysan",
     help="Findings from Nsight Systems captures of distributed PyTorch jobs.",
     no_args_is_help=True,
-    rich_markup_mode="rich",
+    rich_markup_mode=None,  # plain click help: no `<bool>` after every flag (typer 0.29), choices listed, no ANSI
     pretty_exceptions_enable=False,
 )
 
 
 OutputFormat = Enum("OutputFormat", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]
+Workload = Enum("Workload", {name: name for name in WORKLOADS}, type=str)  # type: ignore[misc]
+
+
+class Transport(str, Enum):
+    """How a bundled workload's ranks talk (listed in --help)."""
+
+    gloo = "gloo"
+    nccl = "nccl"
+    p2p = "p2p"
 
 
 # an --output file's suffix -> the format it implies when --format is not given
@@ -108,6 +118,7 @@ def report(
         typer.Argument(
             help="nsys SQLite exports: files, directories of them, or globs. "
             "Give all ranks of one job together (one export per rank, or one holding all processes).",
+            metavar="TRACE...",
             show_default=False,
         ),
     ],
@@ -281,11 +292,15 @@ def diff(
         typer.Argument(
             help="The capture before the change: an export, a directory of per-rank "
             "exports (or a capture's run directory), a glob, or a saved `report --format json`.",
+            metavar="BEFORE",
             show_default=False,
         ),
     ],
     after: Annotated[
-        str, typer.Argument(help="The capture after the change, in any of the same forms.", show_default=False)
+        str,
+        typer.Argument(
+            help="The capture after the change, in any of the same forms.", metavar="AFTER", show_default=False
+        ),
     ],
     output_format: Annotated[
         OutputFormat | None,
@@ -427,7 +442,9 @@ def capture(
     command: Annotated[
         list[str] | None,
         typer.Argument(
-            help="The job to run, after `--` (e.g. -- torchrun --nproc_per_node=8 train.py).", show_default=False
+            help="The job to run, after `--` (e.g. -- torchrun --nproc_per_node=8 train.py).",
+            metavar="COMMAND...",
+            show_default=False,
         ),
     ] = None,
     output_dir: Annotated[
@@ -442,11 +459,13 @@ def capture(
         ),
     ] = None,
     workload: Annotated[
-        str | None,
+        Workload | None,
         typer.Option("--workload", "-w", help="Run a bundled workload instead of a command (see docs/capture.md)."),
     ] = None,
-    nproc: Annotated[int, typer.Option("--nproc", help="Processes (ranks) for --workload.")] = 2,
-    transport: Annotated[str, typer.Option("--transport", help="For --workload: nccl, gloo or p2p.")] = "gloo",
+    nproc: Annotated[int, typer.Option("--nproc", metavar="N", help="Processes (ranks) for --workload.")] = 2,
+    transport: Annotated[
+        Transport, typer.Option("--transport", help="For --workload: how the ranks talk (p2p: nsysan's transport).")
+    ] = Transport.gloo,
 ) -> None:
     """Run a job under nsys with the flags distributed users need; export to SQLite; write a manifest.
 
@@ -454,17 +473,19 @@ def capture(
     """
     from nsysan.capture import capture as run_capture
     from nsysan.capture import check_nsys, check_overrides, run_directory
-    from nsysan.workloads import WORKLOADS, torchrun_command
+    from nsysan.workloads import torchrun_command
 
-    if workload is not None:
+    workload_name = workload.value if workload is not None else None
+    transport_name = transport.value
+    if workload_name is not None:
         from nsysan.workloads.preflight import check_workload
 
         if command:
             raise InputError("give either --workload or a command after `--`, not both")
-        if workload not in WORKLOADS:
-            raise InputError(f"unknown workload {workload!r}; bundled: {', '.join(WORKLOADS)}")
-        check_workload(workload, nproc, transport)  # a workload that cannot run would still leave an empty report
-        command = torchrun_command(workload, nproc, transport)
+        check_workload(
+            workload_name, nproc, transport_name
+        )  # a workload that cannot run would still leave an empty report
+        command = torchrun_command(workload_name, nproc, transport_name)
     if not command:
         raise InputError("no command to capture: give one after `--`, or --workload NAME")
     try:
@@ -472,10 +493,10 @@ def capture(
     except ValueError as exc:
         raise InputError(f"--nsys: {exc}") from None
     nsys = check_nsys()  # before creating anything
-    name = workload or Path(command[0]).name
+    name = workload_name or Path(command[0]).name
     manifest, run_dir = run_capture(
         command, run_directory(output_dir, name), nsys_options=nsys_options or [], nsys=nsys,
-        workload={"name": workload, "nproc": nproc, "transport": transport} if workload else None,
+        workload={"name": workload_name, "nproc": nproc, "transport": transport_name} if workload_name else None,
     )  # fmt: skip
     empty = _nothing_recorded(manifest.outputs.get("sqlite"))
     if empty:
@@ -616,12 +637,31 @@ def hash_password() -> None:
     typer.echo(make_hash(password))
 
 
+# click's UsageError and ClickException, from whichever click typer runs on (typer >= 0.2x vendors
+# its own copy; older ones use the click package): through typer's public BadParameter
+_USAGE_ERROR: type[Any] = typer.BadParameter.__mro__[1]
+_CLICK_ERROR: type[Any] = typer.BadParameter.__mro__[2]
+
+
 def main() -> None:
-    """Console entry point. Click reports usage errors itself (exit 2); nsysan's own errors become
-    one line and their exit code; anything else is a bug, reported in one line (exit 70) unless
-    NSYSAN_DEBUG is set, which shows the traceback."""
+    """Console entry point. A usage error (an unknown option, a value not among the choices) and
+    nsysan's own errors become one line and their exit code (2 for the user's mistake); anything
+    else is a bug, reported in one line (exit 70) unless NSYSAN_DEBUG is set, which shows the
+    traceback."""
     try:
-        app()
+        code = app(standalone_mode=False)
+    except _USAGE_ERROR as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `nsysan` or `nsysan cache` alone: the help
+            typer.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+            sys.exit(0)
+        where = f" (`{exc.ctx.command_path} --help` lists the options)" if exc.ctx else ""
+        typer.echo(f"nsysan: error: {exc.format_message()}{where}", err=True)
+        sys.exit(exc.exit_code)
+    except _CLICK_ERROR as exc:
+        typer.echo(f"nsysan: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:  # Ctrl-C at a prompt
+        sys.exit(130)
     except NsysanError as exc:
         typer.echo(f"nsysan: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -634,3 +674,4 @@ def main() -> None:
             err=True,
         )
         sys.exit(70)
+    sys.exit(code if isinstance(code, int) else 0)  # typer.Exit(code) comes back as a value, not raised

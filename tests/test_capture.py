@@ -70,11 +70,34 @@ def test_the_hook_marks_torchrun_workers_only(env, marked):
 
 def test_unknown_workload(tmp_path):
     r = nsysan("capture", "-d", str(tmp_path), "--workload", "nope")
-    assert r.returncode == 2 and "unknown workload 'nope'" in r.stderr
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert (
+        r.stderr.startswith("nsysan: error: Invalid value for '--workload'")
+        and "'nope' is not one of 'pg-scaling'" in r.stderr
+    )
+    assert not any(tmp_path.iterdir())  # refused before a run directory exists
+
+
+def test_usage_errors_are_one_line_and_help_lists_choices_without_bool():
+    """Click's usage errors (unknown option, a value outside the choices, a missing argument) come
+    as nsysan's one line, exit 2; --help shows each option's choices and no ``<bool>`` for flags."""
+    for args, says in ((["report", "--bogus", "x.sqlite"], "No such option: --bogus"),
+                       (["report", "--format", "yaml", "x.sqlite"], "'yaml' is not one of 'terminal'"),
+                       (["report"], "Missing argument 'TRACE...'"),
+                       (["capture", "--transport", "mpi", "--workload", "pipeline"], "'mpi' is not one of 'gloo', 'nccl', 'p2p'")):  # fmt: skip
+        r = nsysan(*args)
+        assert r.returncode == 2 and r.stdout == "", (args, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith("nsysan: error: ") and says in line and "--help` lists the options" in line
+    for command in ("report", "capture", "diff"):
+        help_text = nsysan(command, "--help", env={**os.environ, "COLUMNS": "200"}).stdout
+        assert "<bool>" not in help_text and "\x1b[" not in help_text
+    assert "<gloo|nccl|p2p>" in nsysan("capture", "--help", env={**os.environ, "COLUMNS": "200"}).stdout
+    assert nsysan().returncode == 0  # no command: the help
 
 
 def _only_run(root: Path) -> Path:
-    (run,) = [p for p in root.iterdir() if p.is_dir()]
+    (run,) = [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]  # not `latest`
     return run
 
 
