@@ -102,7 +102,7 @@ def find_steps(trace: Trace, step_pattern: str, ops: pd.DataFrame | None = None)
     if len(ranges):
         windows = _project(trace, ranges, ops)
         if len(windows):
-            return Steps("nvtx", f"NVTX ranges matching {step_pattern!r}, projected onto the GPU", windows)
+            return Steps("nvtx", f"NVTX ranges matching '{step_pattern}', projected onto the GPU", windows)
     windows, anchors = sequence_steps(trace, ops)
     if len(windows):
         detail = "; ".join(dict.fromkeys(text for _, text in sorted(anchors)))

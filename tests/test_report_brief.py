@@ -91,7 +91,7 @@ def test_where_the_step_went_matches_the_json(path):
         f"job wall time: {duration(steps['job']['wall_ns'])} (first step start to last step end over all ranks, on the job clock)"
         in lines
     )
-    assert steps["detail"].startswith("NVTX ranges matching ")
+    assert steps["detail"].startswith("NVTX ranges matching ") and "\\\\" not in steps["detail"]  # the regex as typed
     assert flat(f"steps: {steps['detail']}") in flat(text)
     clock = steps["clock"]
     assert f"clock: {clock['method']} (uncertainty {duration(clock['uncertainty_ns'])})" in lines

@@ -256,7 +256,7 @@ def merge_profiles(parts: list[dict[str, Any]], nccl: list[dict[str, Any]], copi
     source: str | None
     detail: str | None
     if nvtx:
-        source, detail, per_rank = "nvtx", f"NVTX ranges matching {step_pattern!r}", nvtx
+        source, detail, per_rank = "nvtx", f"NVTX ranges matching '{step_pattern}'", nvtx
     else:
         per_rank = {r: v for p in parts for r, v in p["sequence_steps"].items()}
         anchors = sorted((a for p in parts for a in p["anchors"]), key=lambda a: a[0])
