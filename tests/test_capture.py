@@ -220,6 +220,18 @@ def test_a_workload_that_cannot_run_here_is_refused(name, nproc, transport, prob
     assert says in str(refused.value)
 
 
+def test_every_missing_requirement_is_named_at_once():
+    """graph-allreduce on the default transport, without torch and nvtx, on one rank fewer than it
+    needs: each reason in the one line, not one per attempt."""
+    with pytest.raises(WorkloadCannotRun) as refused:
+        check_workload("graph-allreduce", 2, "gloo", **_probes(missing=("torch", "nvtx")))
+    told = str(refused.value)
+    assert "\n" not in told and told.count("; ") == 3
+    for says in ("runs with --transport nccl", "needs PyTorch", "needs the nvtx package",
+                 "workload graph-allreduce needs CUDA GPUs, one per rank (counted once PyTorch imports)"):  # fmt: skip
+        assert says in told, says
+
+
 def test_a_workload_that_can_run_passes():
     check_workload("redistribute", 4, "p2p", **_probes())
     check_workload("graph-allreduce", 2, "nccl", **_probes(gpus=2))
