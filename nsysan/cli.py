@@ -161,7 +161,8 @@ def report(
             min=0,
             help="Analyse the exports on a local Dask cluster of this many worker processes, one export (or one "
             "slice of an export's ranks) at a time each (0 or 1: in this process). Default: in this process for "
-            "one export or under 512 MiB of exports, else one worker per core.",
+            "one export or under 512 MiB of exports, else one worker per core. Under 32 MiB of exports, in this "
+            "process whatever N (a cluster takes longer to start than the analysis), saying so.",
             show_default=False,
         ),
     ] = None,
@@ -213,7 +214,7 @@ def report(
     """
     from nsysan.detect import parse_settings
     from nsysan.diff import capture_notes, read_manifest
-    from nsysan.engine import analyse_files, open_engine
+    from nsysan.engine import analyse_files, open_engine, too_small_for_workers
     from nsysan.findings import Severity
     from nsysan.ingest import expand_inputs
     from nsysan.report.renderers import RENDERERS, render_terminal
@@ -228,6 +229,15 @@ def report(
     paths = expand_inputs(traces)
     if output is not None and output.resolve() in {p.resolve() for p in paths}:
         raise InputError(f"{output}: is one of the input traces; choose another --output file")
+    if (
+        workers is not None
+        and workers > 1
+        and scheduler is None
+        and (small := too_small_for_workers(paths)) is not None
+    ):
+        typer.echo(f"nsysan: --workers {workers}: {len(paths)} export(s), {small / 2**20:.1f} MiB in all, are analysed "
+                   "sooner in this process than a local cluster starts; analysing here", err=True)  # fmt: skip
+        workers = 0
     with open_engine(workers, scheduler, paths) as engine:
         # json carries the profile `nsysan diff` needs from a saved baseline
         doc = analyse_files(traces, overrides, engine, pattern if fmt == "json" else None, step_pattern=pattern,

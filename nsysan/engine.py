@@ -130,6 +130,18 @@ def choose_workers(paths: Sequence[Path]) -> int:
     return min(len(paths), os.cpu_count() or 1)
 
 
+# Below this many bytes of exports a local cluster's start (a few seconds on a 2-core machine: the
+# workers' Python and pandas imports) costs more than its workers save (issue 32: --workers 2 made
+# a 4-rank sample 3.2x slower), so an explicit --workers runs in this process instead, and says so.
+SMALL_JOB_BYTES = 32 << 20
+
+
+def too_small_for_workers(paths: Sequence[Path]) -> int | None:
+    """The exports' total size when it is under :data:`SMALL_JOB_BYTES`, else None."""
+    total = sum(p.stat().st_size for p in paths if p.is_file())
+    return total if total < SMALL_JOB_BYTES else None
+
+
 @contextmanager
 def open_engine(workers: int | None, scheduler: str | None, paths: Sequence[Path]) -> Iterator[Engine]:
     """The engine for ``paths``: ``scheduler`` (an address) wins; else ``workers`` local worker
