@@ -124,6 +124,9 @@ def route(pathname: str, search: str) -> tuple[str | None, dict[str, Any]]:
     return None, {}
 
 
+SERVER_THREADS = 16
+
+
 def start(server: Server, host: str, port: int) -> None:
     """Register what ``traces_dir`` holds, resume unfinished analyses, and serve until interrupted."""
     app = create_app(server)
@@ -131,7 +134,12 @@ def start(server: Server, host: str, port: int) -> None:
     if server.traces_dir is not None:
         for reason in scan_directory(server).errors:  # also listed in the library
             print(f"nsysan: not registered: {reason}", file=sys.stderr, flush=True)
+    # waitress, not Flask's development server: no "do not use it in production" warning to teams, no
+    # coloured line per request (each page polls every few seconds) in the log. Its threads answer
+    # the pages; a page waiting for a timeline holds one, so there are more than waitress's 4.
+    from waitress import serve
+
     try:
-        app.run(host=host, port=port, debug=False)
+        serve(app.server, host=host, port=port, threads=SERVER_THREADS, ident="nsysan")
     finally:
         server.analysis.shutdown()

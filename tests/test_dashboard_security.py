@@ -277,7 +277,7 @@ def test_a_refused_150_mib_upload_does_not_grow_the_server(tmp_path):
         after = _rss_mib(process.pid)
         print(f"server RSS before {before:.0f} MiB, peak {peak.mib:.0f} MiB, after {after:.0f} MiB")
         assert headers.get("X-Nsysan-Refused") == "413" and b"Refused: 150.0 MiB sent" in body, (status, body[:200])
-        # werkzeug reads (and drops) what was sent, 10 MB at a time, so the browser sees the answer
+        # waitress spools what was sent to a temporary file; the app refuses it by its length
         assert peak.mib - before < 50 and after - before < 50
     finally:
         process.terminate()
