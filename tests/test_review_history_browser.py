@@ -249,6 +249,9 @@ def test_a_save_after_the_session_ended_says_so_and_keeps_the_edit(browser, tmp_
         page.click("#comment-add")
         banner.get_by_text("The server cannot be reached").wait_for()
         assert page.input_value("#comment-text") == "one more"
+        # served by waitress: no development-server warning, no coloured line per request or poll
+        log = s.log.read_text()
+        assert "development server" not in log and "\x1b[" not in log and "_dash-update-component" not in log, log
     finally:
         if s.process.poll() is None:
             s.stop()
