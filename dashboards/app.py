@@ -89,7 +89,10 @@ def _callback_failed(exc: Exception) -> None:
 
 def _shell(server: Server) -> html.Div:
     user = auth.current_user()
-    who = [html.Span(f"{user} · "), html.A("log out", href="/logout")] if user else []
+    # a form, not a link: only a POST logs out (a link elsewhere must not)
+    who = ([html.Span(f"{user} · "), html.Form(html.Button("log out", id="logout", type="submit", className="link"),
+                                               action="/logout", method="POST", className="logout")]
+           if user else [])  # fmt: skip
     return html.Div(className="nsysan", children=[
         dcc.Location(id=ids.URL, refresh=False),
         html.Header(className="bar", children=[

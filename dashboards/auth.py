@@ -183,7 +183,11 @@ def install_login(server: flask.Flask, users: dict[str, str], *, session_hours: 
         return _login_page(target, "")
 
     @server.route("/logout", methods=["GET", "POST"])
-    def _logout() -> Response:
+    def _logout() -> Response | str:
+        # only a POST logs out: a GET (a link or an image on another site) gets a page with the
+        # button; a POST from another site is refused by its Origin before it gets here (security.py)
+        if flask.request.method != "POST":
+            return _LOGOUT_PAGE
         flask.session.clear()  # deletes the session on the server: its cookie is worth nothing now
         return flask.redirect("/login")
 
@@ -218,3 +222,9 @@ _LOGIN_PAGE = """<!doctype html>
 <label>User name<input id="username" name="username" autocomplete="username" autofocus></label>
 <label>Password<input id="password" name="password" type="password" autocomplete="current-password"></label>
 <button id="login" type="submit">Log in</button></form></body></html>"""
+
+_LOGOUT_PAGE = """<!doctype html>
+<html><head><title>nsysan · log out</title>
+<style>body{font-family:sans-serif;max-width:22em;margin:5em auto}</style></head>
+<body><h1>nsysan</h1><form method="post" action="/logout"><button id="logout" type="submit">Log out</button></form>
+<p><a href="/">Back to the traces</a></p></body></html>"""

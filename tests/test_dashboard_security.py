@@ -112,7 +112,7 @@ def test_a_successful_login_does_not_count_against_the_limit(server):
     client = _client(server)
     for _ in range(8):
         assert _login(client).status_code == 302
-        client.get("/logout")
+        client.post("/logout")
 
 
 def test_a_session_cookie_replayed_after_logout_is_not_logged_in(server):
@@ -125,7 +125,11 @@ def test_a_session_cookie_replayed_after_logout_is_not_logged_in(server):
     sid = client.get_cookie("nsysan_session").value
     assert planted is None or planted.value != sid  # a new id at login
     assert client.get("/").status_code == 200
-    assert client.get("/logout").status_code == 302
+    # a GET (a link or an image on another site) does not log out: it answers a page with the button
+    page = client.get("/logout")
+    assert page.status_code == 200 and 'method="post" action="/logout"' in page.get_data(as_text=True)
+    assert client.get("/").status_code == 200
+    assert client.post("/logout").status_code == 302
     client.set_cookie("nsysan_session", sid)  # replayed, as a thief who copied it would
     replayed = client.get("/")
     assert replayed.status_code == 302 and replayed.location.startswith("/login")

@@ -234,7 +234,9 @@ def test_a_save_after_the_session_ended_says_so_and_keeps_the_edit(browser, tmp_
         page.goto(f"{s.url}/findings/1")
         page.locator("#comment-text").wait_for()
         page.fill("#comment-text", "Rank 3 is late because of its data loader.")
-        other.goto(f"{s.url}/logout")  # the same person, another tab: the session ends
+        other.goto(f"{s.url}/")  # the same person, another tab, logs out: the session ends
+        other.click("#logout")
+        other.locator("#username").wait_for()
         page.click("#comment-add")
         banner = page.locator("#session-banner")
         banner.get_by_text("Your session has ended").wait_for()
