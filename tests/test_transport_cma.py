@@ -140,8 +140,10 @@ def test_a_source_overwritten_right_after_its_send_completes_does_not_reach_the_
     assert r[1] == [[k] for k in range(12)]
 
 
-def dies_during_read(store, rank, world):
-    """Rank 0 sends 32 MiB and is killed (by rank 1) while rank 1 reads it."""
+def dies_during_read(store, rank, world, *, before_its_pidfd_says_so: bool = False):
+    """Rank 0 sends 32 MiB and is killed (by rank 1) while rank 1 reads it. With
+    ``before_its_pidfd_says_so``, the read fails (ESRCH: the dying sender's memory is gone) while its
+    pidfd does not say it ended yet, the race seen in 1 of 4 kills."""
     import signal
 
     from nsysan.transport import P2PTransport, PeerDied, cma
@@ -160,6 +162,9 @@ def dies_during_read(store, rank, world):
         deadline = time.monotonic() + 10
         while not watch.ended() and time.monotonic() < deadline:
             time.sleep(0.001)
+        if before_its_pidfd_says_so:
+            told = watch.ended
+            watch.ended = lambda: setattr(watch, "ended", told) or False  # once: "not ended yet"
         real_read(pid, local, remote, nbytes)  # the sender is gone: raises
 
     cma.read = read_then_kill
@@ -179,11 +184,16 @@ def dies_during_read(store, rank, world):
     return result
 
 
-def test_a_sender_dying_during_a_direct_read_fails_the_receive_naming_it():
+def dies_during_read_before_its_pidfd_says_so(store, rank, world):
+    return dies_during_read(store, rank, world, before_its_pidfd_says_so=True)
+
+
+@pytest.mark.parametrize("job", [dies_during_read, dies_during_read_before_its_pidfd_says_so])
+def test_a_sender_dying_during_a_direct_read_fails_the_receive_naming_it(job):
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), free_port()
     # no leaving together: rank 0, which holds the store, dies
-    procs = [ctx.Process(target=_worker, args=(dies_during_read, r, 2, port, queue), kwargs={"leave": False})
+    procs = [ctx.Process(target=_worker, args=(job, r, 2, port, queue), kwargs={"leave": False})
              for r in range(2)]  # fmt: skip
     for p in procs:
         p.start()

@@ -33,6 +33,7 @@ import collections
 import contextlib
 import ctypes
 import datetime as dt
+import errno
 import json
 import logging
 import os
@@ -883,7 +884,9 @@ class P2PTransport:
             error = None
         except OSError as exc:
             error = exc
-        if watch.ended():
+        # ESRCH: the sender's memory is already gone (it is exiting) while its pidfd may not say so
+        # yet; a sender alive enough to read from never gives it (the probe at set-up read it)
+        if watch.ended() or (error is not None and error.errno == errno.ESRCH):
             if src not in self._dead:
                 self._peer_died(src)  # fails this receive (and everything else pending with src), naming it
             raise self._died(src, op.what)
