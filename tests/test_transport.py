@@ -9,6 +9,8 @@ import multiprocessing as mp
 import os
 import random
 import socket
+import subprocess
+import sys
 import time
 import traceback
 
@@ -602,3 +604,30 @@ def test_bad_arguments_are_named_errors_and_break_nothing():
         assert all(v.startswith(("TypeError", "ValueError")) for v in errors.values()), errors
         assert "tag" in errors["tag 2**63"] and "torch.Tensor" in errors["a list"] and "sparse" in errors["sparse"]
     assert r[1]["conj"] and r[1]["strided"]
+
+
+def test_out_of_file_descriptors_is_a_named_transport_error(tmp_path):
+    """A process at its open-file limit (the issue's reproducer: 12) gets TransportError naming the
+    limit and the fix from a new segment (empty(), the pool), not a raw OSError EMFILE."""
+    code = f"""
+import os, resource
+from nsysan.transport.errors import TransportError
+from nsysan.transport.shm import Segment
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    Segment({str(tmp_path / "seg")!r}, 4096, create=True, owner="rank 0: ")
+    print("no error")
+except TransportError as exc:
+    print(str(exc))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("rank 0: cannot open shared-memory segment") and "too many open files" in out.stdout
+    assert "this process may open 32" in out.stdout and "ulimit -n" in out.stdout
+    assert not (tmp_path / "seg").exists()

@@ -14,6 +14,7 @@ import errno
 import glob
 import mmap
 import os
+import resource
 
 from nsysan.transport.errors import SharedMemoryFull, TransportError
 
@@ -36,6 +37,14 @@ class Segment:
             fd = os.open(path, flags, 0o600)
         except FileNotFoundError:
             raise TransportError(f"{owner}shared-memory segment {path} is gone") from None
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise TransportError(
+                f"{owner}cannot open shared-memory segment {path}: too many open files ({os.strerror(exc.errno)}; "
+                f"this process may open {limit}); raise the limit (ulimit -n) or close files the job keeps open"
+            ) from None
         try:
             if create:
                 if size is None:
