@@ -3,7 +3,8 @@
 Each case damages a copy of an export the way an attacker or an unlucky disk would (byte flips,
 truncation, zeroed pages; dropped or renamed tables and columns; NULLs, text, NaN, +-2**63,
 ``end < start``, dangling string ids, BLOBs and invalid UTF-8 in columns; odd files in an input
-directory) and runs ``nsysan report`` on it. Whatever the damage, the run must end with exit 0
+directory; ids of 0, -1 or NULL; thousands of NVTX pushes never popped; a view in place of a table;
+an export left in WAL mode) and runs ``nsysan report`` on it. Whatever the damage, the run must end with exit 0
 or 2, one line on stderr for 2, no traceback or warning, within the time limit, with the input's
 bytes unchanged; and for exit 0 every duration >= 0, every share within [0, 100], every count >= 0.
 
@@ -113,7 +114,9 @@ CLASSES = (
     "byte flips", "truncation", "zeroed pages", "dropped table", "renamed table", "dropped column",
     "renamed column", "NULLs", "text in numbers", "NaN and reals", "+-2^63", "end < start",
     "dangling string ids", "BLOBs", "invalid UTF-8", "hostile metadata", "odd files in directory",
+    "identity values", "deep NVTX nesting", "views for tables", "WAL mode",
 )  # fmt: skip
+_IDENTITY_COLUMNS = ("globalPid", "globalTid", "deviceId", "streamId", "contextId", "correlationId", "domainId")
 
 # Tables nsysan reads, mutated more often than the rest.
 _READ_TABLES = (
@@ -241,6 +244,41 @@ def _sql_mutation(path: Path, klass: str, rng: random.Random) -> str:
                 _exec(con, "StringIds", f"UPDATE StringIds SET value = {value} WHERE id % 3 = 0")
                 return f"StringIds.value = {value}"
             return _update(con, rng, tables, value)
+        if klass == "identity values":  # ids nsys itself writes as 0 or -1 when unknown, or none at all
+            value = rng.choice(["0", "-1", "NULL"])
+            table = _pick_table(
+                rng, {t: c for t, c in tables.items() if set(c) & set(_IDENTITY_COLUMNS)} or tables, con
+            )
+            column = rng.choice([c for c in tables[table] if c in _IDENTITY_COLUMNS] or tables[table])
+            where = rng.choice(["", "WHERE rowid % 2 = 0"])
+            _exec(con, table, f'UPDATE "{table}" SET "{column}" = {value} {where}')
+            return f"{table}.{column} = {value} {where}".strip()
+        if klass == "deep NVTX nesting":  # pushes never popped (an instrumentation slip), nested thousands deep
+            if "NVTX_EVENTS" not in tables or not {"start", "end", "eventType", "globalTid", "text"} <= set(
+                tables["NVTX_EVENTS"]
+            ):
+                return "no NVTX table"
+            depth = rng.choice([2000, 20000])
+            tid = "(SELECT globalTid FROM NVTX_EVENTS WHERE globalTid IS NOT NULL LIMIT 1)"
+            if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables and "globalTid" in tables["CUPTI_ACTIVITY_KIND_RUNTIME"]:
+                tid = f"COALESCE((SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 1), {tid})"
+            _exec(con, "NVTX_EVENTS",
+                  f"WITH RECURSIVE r(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM r WHERE x < {depth - 1}) "
+                  'INSERT INTO NVTX_EVENTS(start, "end", eventType, globalTid, text) '
+                  f"SELECT (SELECT IFNULL(min(start), 0) FROM NVTX_EVENTS) + x, "
+                  f'(SELECT IFNULL(max("end"), 0) FROM NVTX_EVENTS) + {depth} - x, 59, {tid}, \'r\' FROM r')  # fmt: skip
+            return f"{depth} nested pushes"
+        if klass == "views for tables":  # a table nsysan reads replaced by a view (or given a trigger) of it
+            table = _pick_table(rng, tables, con, with_rows=False)
+            con.execute(f'ALTER TABLE "{table}" RENAME TO "{table}_real"')
+            con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM "{table}_real"')
+            return f"{table} is a view"
+        if klass == "WAL mode":  # written by a tool that left the export in WAL mode
+            con.commit()
+            con.execute("PRAGMA journal_mode = WAL")
+            if rng.random() < 0.5 and "StringIds" in tables:
+                con.execute("UPDATE StringIds SET value = value WHERE id % 5 = 0")  # a commit in the WAL
+            return "journal_mode = WAL"
         if klass == "hostile metadata":
             choice = rng.randrange(4)
             if choice == 0 and "TARGET_INFO_SESSION_START_TIME" in tables:
