@@ -337,3 +337,13 @@ def test_a_view_or_trigger_in_place_of_an_nsys_table_is_refused(tmp_path, sql):
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "changed after export" in out.stderr
     assert sha256(path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["trace.sqlite"]
+
+
+@pytest.mark.parametrize("value", ["NULL", "0", "-1"])
+def test_kernels_whose_stream_is_unknown(tmp_path, value):
+    """Every kernel's streamId NULL (or 0, -1): the dependency graph has no step ends, so nothing can
+    be replayed; recoverable time is 0, not a crash (exit 70 in the 1,000-case fuzz run)."""
+    path = damaged(tmp_path, f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "streamId" = {value}',
+                   sample=sample_paths("overlap-slowdown")[0])  # fmt: skip
+    doc = report(path)
+    assert doc["findings"] and all(f["recoverable_ns"] >= 0 for f in doc["findings"])

@@ -210,9 +210,10 @@ class JobAttribution:
             return out
         g = self.graph
         end_times = g.topo.time[g.end_nodes]
+        if not len(end_times):  # no step ends in the graph (every op's stream unknown, say): no wall to shorten
+            return out
         start_times = g.topo.time[g.start_nodes] - g.start_lead
-        actual = (float(end_times.max()) if len(end_times) else 0.0) - (float(start_times.min()) if len(start_times)
-                                                                          else 0.0)  # fmt: skip
+        actual = float(end_times.max()) - (float(start_times.min()) if len(start_times) else 0.0)
         for lo in range(0, len(causes), _CHUNK):
             chunk = causes[lo : lo + _CHUNK]
             shifts = replay(g.topo, [self._edge_edits(c) for c in chunk], np.concatenate([g.end_nodes, g.start_nodes]))
