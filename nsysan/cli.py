@@ -661,9 +661,9 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except _USAGE_ERROR as exc:
-        if type(exc).__name__ == "NoArgsIsHelpError":  # `nsysan` or `nsysan cache` alone: the help
-            typer.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
-            sys.exit(0)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `nsysan` or `nsysan cache` alone: the help, exit 2
+            typer.echo(exc.ctx.get_help() if exc.ctx else exc.format_message(), err=True)
+            sys.exit(exc.exit_code)
         where = f" (`{exc.ctx.command_path} --help` lists the options)" if exc.ctx else ""
         typer.echo(f"nsysan: error: {exc.format_message()}{where}", err=True)
         sys.exit(exc.exit_code)

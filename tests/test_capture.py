@@ -93,7 +93,8 @@ def test_usage_errors_are_one_line_and_help_lists_choices_without_bool():
         help_text = nsysan(command, "--help", env={**os.environ, "COLUMNS": "200"}).stdout
         assert "<bool>" not in help_text and "\x1b[" not in help_text
     assert "<gloo|nccl|p2p>" in nsysan("capture", "--help", env={**os.environ, "COLUMNS": "200"}).stdout
-    assert nsysan().returncode == 0  # no command: the help
+    bare = nsysan()  # no command: the help, and exit 2 as click gives it (a usage error)
+    assert bare.returncode == 2 and "Usage:" in bare.stderr and "report" in bare.stderr
 
 
 def _only_run(root: Path) -> Path:
