@@ -32,12 +32,11 @@ OutputFormat = Enum("OutputFormat", {name: name for name in FORMATS}, type=str) 
 Workload = Enum("Workload", {name: name for name in WORKLOADS}, type=str)  # type: ignore[misc]
 
 
-class Transport(str, Enum):
-    """How a bundled workload's ranks talk (listed in --help)."""
-
-    gloo = "gloo"
-    nccl = "nccl"
-    p2p = "p2p"
+# how a bundled workload's ranks may talk: every transport some workload runs with
+Transport = Enum(  # type: ignore[misc]
+    "Transport", {t: t for t in sorted({t for _, transports, _ in WORKLOADS.values() for t in transports})}, type=str
+)
+DEFAULT_TRANSPORT = Transport("gloo")
 
 
 # an --output file's suffix -> the format it implies when --format is not given
@@ -475,7 +474,7 @@ def capture(
     nproc: Annotated[int, typer.Option("--nproc", metavar="N", help="Processes (ranks) for --workload.")] = 2,
     transport: Annotated[
         Transport, typer.Option("--transport", help="For --workload: how the ranks talk (p2p: nsysan's transport).")
-    ] = Transport.gloo,
+    ] = DEFAULT_TRANSPORT,
 ) -> None:
     """Run a job under nsys with the flags distributed users need; export to SQLite; write a manifest.
 
@@ -492,9 +491,8 @@ def capture(
 
         if command:
             raise InputError("give either --workload or a command after `--`, not both")
-        check_workload(
-            workload_name, nproc, transport_name
-        )  # a workload that cannot run would still leave an empty report
+        # a workload that cannot run would still leave an empty report
+        check_workload(workload_name, nproc, transport_name)
         command = torchrun_command(workload_name, nproc, transport_name)
     if not command:
         raise InputError("no command to capture: give one after `--`, or --workload NAME")

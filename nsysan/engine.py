@@ -121,11 +121,15 @@ class DaskEngine:
             self.client.cancel(futures)
 
 
+def job_bytes(paths: Sequence[Path]) -> int:
+    """The exports' total size (what is not a file fails in its task, by name)."""
+    return sum(p.stat().st_size for p in paths if p.is_file())
+
+
 def choose_workers(paths: Sequence[Path]) -> int:
     """The default: in this process for one export or a small job; else a local cluster with a
     worker per core (at most one per export)."""
-    total = sum(p.stat().st_size for p in paths if p.is_file())  # the others fail in their task, by name
-    if len(paths) < 2 or total < AUTO_CLUSTER_BYTES:
+    if len(paths) < 2 or job_bytes(paths) < AUTO_CLUSTER_BYTES:
         return 0
     return min(len(paths), os.cpu_count() or 1)
 
@@ -138,7 +142,7 @@ SMALL_JOB_BYTES = 32 << 20
 
 def too_small_for_workers(paths: Sequence[Path]) -> int | None:
     """The exports' total size when it is under :data:`SMALL_JOB_BYTES`, else None."""
-    total = sum(p.stat().st_size for p in paths if p.is_file())
+    total = job_bytes(paths)
     return total if total < SMALL_JOB_BYTES else None
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 
 from nsysan.ingest.frames import NVTX_RANGE_TYPES
 from nsysan.ingest.nccl import NCCL_DOMAIN, attach_nccl_bytes, is_communication
+from nsysan.ingest.ranks import RANK_TAKEN
 from nsysan.ingest.trace import ExportInfo, Trace
 from nsysan.intervals import check_sum_fits, union_ns
 
@@ -506,7 +507,7 @@ def _limitations(
             f"Ranks of {len(guessed)} of {len(ranks)} processes were guessed from process order; "
             "an NVTX mark such as `nsysan rank=3` in each process records them."
         )
-    retaken = ranks[ranks["rank_source"].astype(str).str.startswith("process order (")]
+    retaken = ranks[ranks["rank_source"] == RANK_TAKEN]
     if len(retaken):
         notes.append(
             f"{len(retaken)} process(es) announced a rank another process had already announced (--allow-mixed): "

@@ -26,6 +26,8 @@ from nsysan.ingest.frames import decode_pid, nvtx_type_ids, read_frame
 from nsysan.ingest.tables import find_table
 
 RANK_COLUMNS = ("export", "pid", "process", "rank", "local_rank", "world_size", "rank_source")
+# rank_source of a process whose announced rank another process had announced first (--allow-mixed)
+RANK_TAKEN = "process order (its announced rank was taken)"
 
 _RANK = re.compile(r"(?i)(?<![A-Za-z0-9_])(?:mpi\s+)?rank\s*[=:]?\s*(\d+)")
 _LOCAL_RANK = re.compile(r"(?i)local_rank\s*[=:]\s*(\d+)")
@@ -149,7 +151,7 @@ def assign_guessed(
         if not allow_mixed:
             raise RepeatedRanks(_repeated_message(df, repeated, names))
         df["rank_source"] = df["rank_source"].astype(object)
-        df.loc[repeated, "rank_source"] = "process order (its announced rank was taken)"
+        df.loc[repeated, "rank_source"] = RANK_TAKEN
         df.loc[repeated, "rank"] = pd.NA
     taken = set(df["rank"].dropna().astype(int))
     free = (r for r in range(len(df) + len(taken)) if r not in taken)
