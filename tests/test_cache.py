@@ -84,11 +84,42 @@ def test_changed_export_is_read_again(tmp_path, export):
     assert again.hits == 0
     assert_same(changed, frames_of(export, None))
     st = export.stat()
-    os.utime(export, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched only: a new entry too
+    os.utime(export, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched only: the same content
     touched = FrameCache(tmp_path / "cache")
     frames_of(export, touched)
-    assert touched.hits == 0
-    assert FrameCache(tmp_path / "cache").info().entries == 3
+    assert touched.hits > 0 and touched.misses == 0
+    copied = tmp_path / "copy.sqlite"
+    shutil.copy(export, copied)  # a copy elsewhere: the same content too
+    copy_cache = FrameCache(tmp_path / "cache")
+    frames_of(copied, copy_cache)
+    assert copy_cache.misses == 0
+    assert FrameCache(tmp_path / "cache").info().entries == 2
+
+
+def test_a_change_beyond_the_first_mib_with_size_and_mtime_put_back_is_read_again(tmp_path, export):
+    with sqlite3.connect(export) as con:  # the kernel table's pages after 2 MiB of other rows
+        con.execute("CREATE TABLE padding AS SELECT zeroblob(2 << 20) AS b")
+        con.execute("CREATE TABLE k AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL")
+        con.execute("DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL")
+        con.execute("ALTER TABLE k RENAME TO CUPTI_ACTIVITY_KIND_KERNEL")
+    con.close()
+    cache = FrameCache(tmp_path / "cache")
+    before = frames_of(export, cache)["kernels"]
+    st, head = export.stat(), export.read_bytes()[: 1 << 20]
+    with sqlite3.connect(export) as con:
+        (page,) = con.execute("SELECT min(pageno) FROM dbstat WHERE name = 'CUPTI_ACTIVITY_KIND_KERNEL'").fetchone()
+        (page_size,) = con.execute("PRAGMA page_size").fetchone()
+        con.execute('UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = "end" + 1')
+    con.close()
+    assert (page - 1) * page_size > 1 << 20  # the change is beyond the first MiB
+    with export.open("r+b") as fh:  # SQLite's change counter and the rest of the first MiB as they were
+        fh.write(head)
+    os.utime(export, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert export.stat().st_size == st.st_size and export.read_bytes()[: 1 << 20] == head
+    again = FrameCache(tmp_path / "cache")
+    after = frames_of(export, again)["kernels"]
+    assert again.hits == 0
+    assert (after["end_ns"] - before["end_ns"]).eq(1).all()
 
 
 def test_corrupt_entry_is_ignored_and_rewritten(tmp_path, export):
@@ -210,7 +241,14 @@ def test_map_result_is_computed_again_when_what_it_depends_on_changes(tmp_path, 
     assert str(moved) in _report(moved, cache)
     assert len(_map_results(cache)) == 4
     st = export.stat()
-    os.utime(export, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # the export (a new entry)
+    os.utime(export, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched: the same content
+    _report(export, cache)
+    assert len(_map_results(cache)) == 4
+    with sqlite3.connect(export) as con:  # the export's content (a new entry)
+        con.execute(
+            "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid = (SELECT max(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)"
+        )
+    con.close()
     _report(export, cache)
     assert len(_map_results(cache)) == 5
 

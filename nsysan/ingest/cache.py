@@ -1,9 +1,12 @@
 """A Parquet cache of ingested frames, so that a second look at the same export skips SQLite, and
 of what a report made of each export, so that a second report skips the analysis too.
 
-Each export gets one entry: a directory named by the export's identity (its size, mtime_ns and a
-hash of its first MiB, which holds SQLite's header and change counter) and by
-:data:`READER_VERSION`. In it, one Parquet file per read (a frame, a set of kernel columns, the
+Each export gets one entry: a directory named by a hash of the export's whole content (and of
+any ``-wal`` / ``-journal`` file whose commits the file does not show yet) and by
+:data:`READER_VERSION`, so a copied or touched export still hits and any changed byte misses. The
+hash costs about 1 s per GiB, paid once: ``identities/`` remembers it per file under the file's
+stat identity (device, inode, size, mtime and ctime; no write, and no ``touch`` putting an mtime
+back, leaves ctime as it was). In it, one Parquet file per read (a frame, a set of kernel columns, the
 launch calls of some kernels, the timestamp audit), each carrying in its metadata what that read
 noted on the export (rows left out, strings missing): a hit replays those notes, so the report's
 limitations are the same as on a cold read. Beside them, :meth:`FrameCache.value` keeps values a
@@ -42,10 +45,13 @@ from nsysan.ingest.snapshot import journal_files
 # Bump whenever a reader's output changes (a column, a dtype, a rule on dropped rows): entries
 # written by another version are never read.
 READER_VERSION = "3"
-_HEAD_BYTES = 1 << 20
+_CHUNK_BYTES = 1 << 20
+IDENTITIES = "identities"  # the remembered content hashes, beside the entries
 _META_KEY = b"nsysan"
 ENV = "NSYSAN_CACHE"
 T = TypeVar("T")
+# this process's content hashes: {resolved path: (stat identities of the file and its journal, key)}
+_known: dict[str, tuple[list[list[int]], str]] = {}
 
 
 def default_dir() -> Path:
@@ -53,22 +59,77 @@ def default_dir() -> Path:
     return Path(base) / "nsysan" / "frames"
 
 
-def export_key(path: Path) -> str:
-    """The identity of one export's contents as nsysan reads them: the file's size, mtime and first
-    MiB (SQLite's header, whose change counter every rollback-mode commit bumps, and the schema),
-    and the same of a ``-wal`` / ``-journal`` file with content, whose commits the file does not
-    show (a WAL-mode export written after it was cached)."""
-    digest = hashlib.sha256(READER_VERSION.encode())
-    for part in (path, *journal_files(path.resolve())):  # beside the file a symlink names, as it is read
-        st = part.stat()
-        digest.update(f" {part.name} {st.st_size} {st.st_mtime_ns} ".encode())
-        with part.open("rb") as fh:
-            digest.update(fh.read(_HEAD_BYTES))
-    return digest.hexdigest()[:32]
+def _stat_identity(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def export_key(path: Path, identities: Path | None = None) -> str:
+    """The identity of one export's contents as nsysan reads them: a hash of every byte of the
+    file and of its ``-wal`` / ``-journal`` file with content (a WAL-mode export written after it
+    was cached). A header-only hash missed changes beyond the first MiB whose writer put size and
+    mtime back; a whole-file hash misses nothing. When ``identities`` is a directory of remembered
+    hashes, a file whose stat identity is unchanged is not read again."""
+    parts = [path, *journal_files(path.resolve())]  # beside the file a symlink names, as it is read
+    stats = [_stat_identity(p) for p in parts]
+    known = _known.get(str(path.resolve()))
+    if known is not None and known[0] == stats:
+        return known[1]
+    memo = identities / hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32] if identities else None
+    key = _remembered(memo, stats) if memo is not None else None
+    if key is None:
+        digest = hashlib.sha256(READER_VERSION.encode())
+        for part in parts:
+            digest.update(f" {part.stat().st_size} ".encode())
+            with part.open("rb") as fh:
+                for chunk in iter(lambda fh=fh: fh.read(_CHUNK_BYTES), b""):
+                    digest.update(chunk)
+        key = digest.hexdigest()[:32]
+        if stats != [_stat_identity(p) for p in parts]:  # written while being read: not remembered
+            return key
+        if memo is not None:
+            _remember(memo, stats, key)
+    _known[str(path.resolve())] = (stats, key)
+    return key
+
+
+def _remembered(memo: Path, stats: list[list[int]]) -> str | None:
+    """The hash remembered for a file with exactly these stat identities, read only from a regular
+    file of this user's that nobody else may write (another user could otherwise point an export
+    at a different entry)."""
+    try:
+        fd = os.open(memo, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (hasattr(os, "getuid") and not _private(st)):
+                return None
+            doc = json.loads(fh.read(1 << 16))
+            key = doc.get("key") if doc.get("stats") == stats and doc.get("version") == READER_VERSION else None
+        except (OSError, ValueError, AttributeError):
+            return None
+    return key if isinstance(key, str) and _is_key(key) else None
+
+
+def _remember(memo: Path, stats: list[list[int]], key: str) -> None:
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{memo.name}.", suffix=".tmp", dir=memo.parent)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"version": READER_VERSION, "stats": stats, "key": key}, fh)
+        os.replace(tmp, memo)
+    except OSError:
+        pass  # an unwritable cache: the hash is computed again next time, nothing else changes
+
+
+def _is_key(name: str) -> bool:
+    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
 
 
 def _is_entry(p: Path) -> bool:
-    return p.is_dir() and len(p.name) == 32 and all(c in "0123456789abcdef" for c in p.name)
+    return p.is_dir() and _is_key(p.name)
 
 
 @dataclass
@@ -101,6 +162,7 @@ class FrameCache:
         entries = [p for p in self.directory.iterdir() if _is_entry(p)] if self.directory.is_dir() else []
         for entry in entries:
             shutil.rmtree(entry, ignore_errors=True)
+        shutil.rmtree(self.directory / IDENTITIES, ignore_errors=True)
         left = sum(entry.exists() for entry in entries)
         return len(entries) - left, left
 
@@ -129,7 +191,7 @@ class FrameCache:
         key = getattr(x, "_cache_key", None)
         if key is None:
             try:
-                key = export_key(x.path)
+                key = export_key(x.path, self.directory / IDENTITIES)
             except OSError:
                 key = ""
             x._cache_key = key  # type: ignore[attr-defined]
@@ -148,7 +210,11 @@ class FrameCache:
         if not hasattr(os, "getuid"):  # no owners to check (Windows): not kept
             return compute()
         try:  # only a regular file has an identity (reading a FIFO's would wait forever)
-            file = self.directory / export_key(path) / f"{_safe(name)}.pickle" if path.is_file() else None
+            file = (
+                self.directory / export_key(path, self.directory / IDENTITIES) / f"{_safe(name)}.pickle"
+                if path.is_file()
+                else None
+            )
         except OSError:
             file = None
         if file is None:  # not an export: compute() says so, in its own words
