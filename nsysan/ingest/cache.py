@@ -82,7 +82,7 @@ def export_key(path: Path, identities: Path | None = None) -> str:
         for part in parts:
             digest.update(f" {part.stat().st_size} ".encode())
             with part.open("rb") as fh:
-                for chunk in iter(lambda fh=fh: fh.read(_CHUNK_BYTES), b""):
+                while chunk := fh.read(_CHUNK_BYTES):
                     digest.update(chunk)
         key = digest.hexdigest()[:32]
         if stats != [_stat_identity(p) for p in parts]:  # written while being read: not remembered
