@@ -27,6 +27,10 @@ class CorruptExportError(InputError):
     """An nsys export that SQLite cannot read through (truncated or damaged)."""
 
 
+class QueryTimeLimitError(InputError):
+    """One read of an export ran past the per-query time limit (``NSYSAN_QUERY_TIME_LIMIT``)."""
+
+
 class GateFailed(NsysanError):
     """``--fail-on`` matched a finding: the run is fine, the exit code carries the verdict."""
 

@@ -347,3 +347,54 @@ def test_kernels_whose_stream_is_unknown(tmp_path, value):
                    sample=sample_paths("overlap-slowdown")[0])  # fmt: skip
     doc = report(path)
     assert doc["findings"] and all(f["recoverable_ns"] >= 0 for f in doc["findings"])
+
+
+COUNT_TO_30M = (
+    "WITH RECURSIVE r(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM r WHERE x < 30000000) SELECT count(*) FROM r"
+)
+
+
+def test_ctrl_c_stops_a_read_in_progress():
+    """SQLite runs a query in C, where Python's SIGINT handler never runs: without the progress
+    handler this read takes ~9 s whatever Ctrl-C says. With it, KeyboardInterrupt comes at once."""
+    import _thread
+    import threading
+    import time
+
+    from nsysan.ingest.export import NsysExport
+
+    with NsysExport(SAMPLE) as x:
+        threading.Timer(0.3, _thread.interrupt_main).start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            x.scalar(COUNT_TO_30M)
+        assert time.monotonic() - start < 2.0
+        assert x.scalar("SELECT count(*) FROM StringIds")  # the export reads on
+
+
+def test_a_read_past_the_time_limit_is_stopped_with_one_line(tmp_path, monkeypatch):
+    import time
+
+    from nsysan.errors import QueryTimeLimitError
+    from nsysan.ingest.export import NsysExport
+
+    monkeypatch.setenv("NSYSAN_QUERY_TIME_LIMIT", "0.3")
+    with NsysExport(SAMPLE) as x:
+        start = time.monotonic()
+        with pytest.raises(QueryTimeLimitError, match=r"ran past 0\.3 s .*NSYSAN_QUERY_TIME_LIMIT"):
+            x.scalar(COUNT_TO_30M)
+        assert time.monotonic() - start < 2.0
+    path = damaged(tmp_path, "WITH RECURSIVE r(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM r WHERE x < 59999) "
+                   'INSERT INTO NVTX_EVENTS(start, "end", eventType, globalTid, text) '
+                   "SELECT x, x + 10, 59, (SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 1), 'r' FROM r",
+                   sample=sample_paths("overlap-slowdown")[0])  # fmt: skip
+    env = {**os.environ, "NSYSAN_QUERY_TIME_LIMIT": "0.001", "NSYSAN_ARROW": "0"}
+    out = subprocess.run([sys.executable, "-m", "nsysan", "report", "--no-cache", str(path)], capture_output=True,
+                         text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1 and "ran past 0.001 s" in out.stderr, out.stderr
+    for bad in ("0", "-1", "soon", "inf"):
+        out = subprocess.run([sys.executable, "-m", "nsysan", "report", "--no-cache", str(path)], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "NSYSAN_QUERY_TIME_LIMIT": bad})  # fmt: skip
+        assert out.returncode == 2 and out.stderr.splitlines() == [
+            f"nsysan: error: NSYSAN_QUERY_TIME_LIMIT={bad!r}: give a number of seconds greater than 0"
+        ], out.stderr

@@ -15,6 +15,7 @@ import re
 import sqlite3
 import stat
 import struct
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from nsysan.arrays import distinct
-from nsysan.errors import CorruptExportError, InputError, NotAnExportError
+from nsysan.errors import CorruptExportError, InputError, NotAnExportError, QueryTimeLimitError
 from nsysan.ingest.slices import ProcessSlice, gpu_use_queries, slices_of
 from nsysan.ingest.snapshot import open_snapshot
 
@@ -42,11 +43,33 @@ MAX_TIMESTAMP_NS = 2**56
 # Session start times (UTC ns since 1970) beyond this are not a date in this era.
 MAX_UTC_NS = 2**62
 
+# Every read through sqlite3 gives Python control every this many SQLite VM steps (about a
+# millisecond): Ctrl-C then stops the query, and so does the time limit below.
+_PROGRESS_STEPS = 20_000
+QUERY_TIME_LIMIT_ENV = "NSYSAN_QUERY_TIME_LIMIT"
+# Seconds one query may run: a read of the 8M-kernel benchmark export's kernel table takes ~10 s,
+# so only a query that cannot be what nsys wrote comes near it.
+DEFAULT_QUERY_TIME_LIMIT_S = 600.0
+
 _RAW_REPORT_SUFFIXES = (".nsys-rep", ".qdrep", ".qdstrm")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Names nsys gives its tables (CUPTI_ACTIVITY_KIND_KERNEL, NVTX_EVENTS, ENUM_..., StringIds): a
 # view, trigger or virtual table under such a name is not what nsys wrote.
 _NSYS_NAME = re.compile(r"^([A-Z][A-Z0-9_]*|StringIds|ThreadNames)$")
+
+
+def query_time_limit() -> float:
+    """Seconds one read may run, from ``NSYSAN_QUERY_TIME_LIMIT`` (default 600)."""
+    raw = os.environ.get(QUERY_TIME_LIMIT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_QUERY_TIME_LIMIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise InputError(f"{QUERY_TIME_LIMIT_ENV}={raw!r}: give a number of seconds greater than 0")
+    return value
 
 
 @dataclass(frozen=True)
@@ -109,9 +132,12 @@ class NsysExport:
         self.path = Path(path)
         self.part = part or ProcessSlice()
         self._views: list[str] = []  # the slice's TEMP views, created on each connection (see nsysan.ingest.slices)
+        self._time_limit_s = query_time_limit()
         _check_sqlite_file(self.path)
         self._snapshot = open_snapshot(self.path)  # nothing written beside the file, WAL mode included
         self._engine = sa.create_engine(f"sqlite+pysqlite:///{self._snapshot.uri}&uri=true", poolclass=NullPool)
+        self._deadline = float("inf")  # when the query in progress must stop (see _start_query)
+        sa.event.listen(self._engine, "connect", self._guard)
         self._conn: sa.Connection | None = None
         # The Arrow reader's own read-only connection (ADBC's SQLite driver): opened on the first
         # integer read; False once it failed or is not installed (the sqlite3 path then reads).
@@ -150,6 +176,15 @@ class NsysExport:
                 self._create_views(self._conn.connection.dbapi_connection)
         return self._conn
 
+    def _guard(self, dbapi: Any, _record: object) -> None:
+        """Let Ctrl-C and the time limit stop any query on this sqlite3 connection: SQLite calls
+        the handler every few thousand steps, Python runs a pending SIGINT handler inside it, and
+        a non-zero answer (or the KeyboardInterrupt) makes SQLite stop with "interrupted"."""
+        dbapi.set_progress_handler(lambda: time.monotonic() > self._deadline, _PROGRESS_STEPS)
+
+    def _start_query(self) -> None:
+        self._deadline = time.monotonic() + self._time_limit_s
+
     def _create_views(self, dbapi: Any) -> None:
         """This slice's views on a new connection (TEMP objects belong to their connection)."""
         try:
@@ -176,8 +211,18 @@ class NsysExport:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _corrupt(self, exc: Exception) -> CorruptExportError:
+    def _corrupt(self, exc: Exception) -> InputError:
+        """What a database error while reading means to the user. "interrupted" is the progress
+        handler's doing: the time limit when it has passed, otherwise Ctrl-C (the sqlite3 module
+        swallows the KeyboardInterrupt raised inside the handler, so it is raised again here)."""
         reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+        if reason == "interrupted":
+            if time.monotonic() <= self._deadline:
+                raise KeyboardInterrupt
+            return QueryTimeLimitError(
+                f"{self.path}: a read ran past {self._time_limit_s:g} s and was stopped (no read of a real nsys "
+                f"export comes near that; set {QUERY_TIME_LIMIT_ENV}=SECONDS to allow more)"
+            )
         return CorruptExportError(f"{self.path}: SQLite cannot read this export ({reason})")
 
     def _read_catalogue(self) -> dict[str, tuple[str, ...]]:
@@ -187,6 +232,7 @@ class NsysExport:
         tables was put there after export, and reading it could run any query (a recursive view
         never ends, and Ctrl-C cannot stop it): the export is refused. Other views are never read."""
         try:
+            self._start_query()
             conn = self._connection()
             schema = conn.exec_driver_sql(
                 "SELECT type, name, tbl_name, CAST(sql AS TEXT) FROM sqlite_master WHERE type IN ('table', 'view', 'trigger')"
@@ -257,6 +303,7 @@ class NsysExport:
                 dbapi.text_factory = _lenient_text
             cursor = dbapi.cursor()
             try:
+                self._start_query()
                 cursor.execute(sql, params)
                 names = [d[0] for d in cursor.description]
                 blocks: list[np.ndarray] = []  # integers=True: one int64 block per chunk
@@ -379,6 +426,7 @@ class NsysExport:
 
     def scalar(self, sql: str, params: tuple[object, ...] = ()) -> object:
         try:
+            self._start_query()
             return self._connection().exec_driver_sql(sql, params).scalar()
         except (sa.exc.DatabaseError, sqlite3.DatabaseError) as exc:
             raise self._corrupt(exc) from None
