@@ -8,9 +8,11 @@ import math
 import multiprocessing as mp
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -631,3 +633,50 @@ except TransportError as exc:
     assert out.stdout.startswith("rank 0: cannot open shared-memory segment") and "too many open files" in out.stdout
     assert "this process may open 32" in out.stdout and "ulimit -n" in out.stdout
     assert not (tmp_path / "seg").exists()
+
+
+TEARDOWN_JOB = """
+import datetime as dt, os, sys, time
+import torch
+import torch.distributed as dist
+from nsysan.transport import P2PTransport
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1, world, rank == 0,
+                      timeout=dt.timedelta(seconds=60))
+t = P2PTransport(store, rank, world, timeout=600)
+buf = t.empty(16 << 20)  # 64 MiB in shared memory
+buf.fill_(rank)
+peer = (rank + 1) % world
+got = torch.empty(2 << 20)
+handles = [t.isend(torch.full((2 << 20,), float(rank)), peer, tag=1), t.irecv(got, (rank - 1) % world, tag=1)]
+for h in handles:  # the 8 MiB pool is made and used by every rank
+    h.wait(timeout=60)
+store.set(f"ready/{rank}", "1")
+store.wait([f"ready/{r}" for r in range(world)])
+if rank == world - 1:
+    raise SystemExit("rank failed on purpose")  # torchrun then SIGTERMs the others
+t.irecv(torch.empty(1), peer, tag=99).wait(timeout=600)  # blocked in the transport, as a real job would be
+"""
+
+
+def test_torchruns_sigterm_teardown_leaves_nothing_in_dev_shm(tmp_path):
+    """When one rank fails, torchrun SIGTERMs the others, which are blocked in a receive: without a
+    handler a SIGTERMed process runs no clean-up, and each rank left its 8 MiB pool and 64 MiB
+    empty() buffer in /dev/shm. Checked in a directory of /dev/shm's own tmpfs."""
+    shm = tempfile.mkdtemp(prefix="nsysan-teardown-", dir="/dev/shm")
+    try:
+        script = tmp_path / "job.py"
+        script.write_text(TEARDOWN_JOB)
+        env = {**os.environ, "NSYSAN_P2P_SHM_DIR": shm, "PYTHONPATH": os.pathsep.join(sys.path)}
+        start = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
+             f"--master-port={free_port()}", str(script)],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        assert out.returncode != 0 and "rank failed on purpose" in out.stderr + out.stdout
+        assert time.monotonic() - start < 25  # the SIGTERMed ranks ended at once, before torchrun's SIGKILL
+        assert os.listdir(shm) == [], out.stderr[-2000:]
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)

@@ -57,7 +57,7 @@ from nsysan.transport.errors import (
     TransportError,
     TransportTimeout,
 )
-from nsysan.transport.shm import Segment, remove_all, shm_dir
+from nsysan.transport.shm import Segment, disown, own, remove_all, shm_dir
 
 try:
     import nvtx
@@ -259,6 +259,7 @@ class P2PTransport:
         store.wait([f"{self.prefix}/token"], dt.timedelta(seconds=timeout))
         token = store.get(f"{self.prefix}/token").decode()
         self._files = os.path.join(shm_dir(), f"nsysan-p2p-{token}-r")
+        own(f"{self._files}{rank}-")  # removed at exit or on SIGTERM if close() never comes
         size = ring.inbox_bytes(world_size, slots, slot_bytes)
         self._inbox = Segment(f"{self._files}{rank}-inbox", size, create=True, owner=self._who)
         self._inbox_bytes = np.frombuffer(self._inbox.map, np.uint8)
@@ -1098,6 +1099,7 @@ class P2PTransport:
                 watch.close()
             self._cma_watch.clear()
             remove_all(f"{self._files}{self.rank}-")  # our pool and the names of our empty() buffers
+            disown(f"{self._files}{self.rank}-")
 
     def __enter__(self) -> P2PTransport:
         return self

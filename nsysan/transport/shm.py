@@ -5,16 +5,25 @@ as SIGBUS at the first write into the segment, and it keeps a file descriptor op
 Here every segment is reserved up front with ``posix_fallocate`` (no space is an error naming the
 size and what is left), mapped, and its descriptor closed at once: open files stay bounded however
 many segments a process maps.
+
+A process that ends without :meth:`P2PTransport.close` still removes its segments' names
+(:func:`own`): at interpreter exit, and on SIGTERM, which is how torchrun tears down the other
+ranks of a failed job and which otherwise ends a process with no clean-up at all. Only SIGKILL
+(torchrun's last resort, 30 s later) leaves them.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import glob
 import mmap
 import os
 import resource
+import signal
+import threading
+from types import FrameType
 
 from nsysan.transport.errors import SharedMemoryFull, TransportError
 
@@ -93,3 +102,51 @@ def remove_all(prefix: str) -> int:
             os.unlink(path)
             removed += 1
     return removed
+
+
+# -- the names this process must remove however it ends ----------------------------------------------
+
+_owned: set[str] = set()
+_owned_lock = threading.Lock()
+_at_exit = False
+_on_sigterm = False
+
+
+def own(prefix: str) -> None:
+    """Remove every segment under ``prefix`` if this process ends before :func:`disown` (see the
+    module's doc). The SIGTERM handler is installed from the main thread only (Python's rule), and
+    never where SIGTERM is ignored; it chains to the handler it replaced, or ends the process by
+    SIGTERM as before, so the exit status torchrun sees is unchanged."""
+    global _at_exit, _on_sigterm
+    with _owned_lock:
+        _owned.add(prefix)
+        if not _at_exit:
+            atexit.register(_remove_owned)
+            _at_exit = True
+        if _on_sigterm or threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous in (signal.SIG_IGN, None):  # ignored, or a handler not set from Python: left alone
+            return
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            _remove_owned()
+            if callable(previous):
+                previous(signum, frame)
+                return
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        _on_sigterm = True
+
+
+def disown(prefix: str) -> None:
+    """The segments under ``prefix`` were removed by their owner (a clean close)."""
+    with _owned_lock:
+        _owned.discard(prefix)
+
+
+def _remove_owned() -> None:
+    for prefix in list(_owned):
+        remove_all(prefix)
