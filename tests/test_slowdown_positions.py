@@ -150,3 +150,84 @@ def test_a_capture_with_only_nccl_ranges_reads_no_launch_calls(monkeypatch):
         want = _judged(trace)  # the same ranges as a user's: read, and enclosing no compute launch
     assert (got["path"] == "").all()
     pd.testing.assert_frame_equal(got, want)
+
+
+def test_beside_compute_matches_a_brute_force_sweep():
+    rng = np.random.default_rng(7)
+    n = 400
+    start = rng.integers(0, 5_000, n)
+    frame = pd.DataFrame({"export": 0, "device": rng.integers(0, 2, n), "start_ns": start,
+                          "end_ns": start + rng.integers(1, 300, n)})  # fmt: skip
+    got = slowdown._beside_compute(frame)
+    s, e, d = (frame[c].to_numpy() for c in ("start_ns", "end_ns", "device"))
+    for i in range(n):
+        t = np.arange(s[i], e[i])  # every ns of kernel i: does another kernel of its device run then?
+        others = (d == d[i]) & (np.arange(n) != i)
+        busy = ((s[others][None, :] <= t[:, None]) & (t[:, None] < e[others][None, :])).any(axis=1)
+        assert got[i] == busy.sum(), i
+
+
+def test_a_kernel_under_nccl_beside_compute_on_another_stream_is_not_blamed_on_nccl(tmp_path):
+    """A GEMM 1.8x slower under an NCCL kernel is slowed by NCCL; the same, while a data-loading
+    kernel (DALI) runs beside it on another stream, could be slowed by either: it is not judged,
+    and its time is reported as unjudged with that reason."""
+    from fixtures.exporter import ExportWriter
+
+    w = ExportWriter(tmp_path / "beside.sqlite")
+    w.process(100, "python3")
+    corr, t = 0, 1_000_000
+
+    def kernel(stream: int, start: int, dur: int, name: str) -> None:
+        nonlocal corr
+        corr += 1
+        w.runtime(100, 100, start - 5_000, start - 4_000, "cudaLaunchKernel", corr)
+        w.kernel(100, 0, stream, start, start + dur, name, correlation=corr)
+
+    for _ in range(10):  # clean: 100 us
+        kernel(7, t, 100_000, "ampere_sgemm_128x64_nn")
+        t += 150_000
+    for beside in (False, True) * 4:  # under NCCL: 180 us, alternately beside DALI on stream 9
+        kernel(20, t - 10_000, 200_000, "ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+        kernel(7, t, 180_000, "ampere_sgemm_128x64_nn")
+        if beside:
+            kernel(9, t + 5_000, 170_000, "FlipKernel")
+        t += 300_000
+    path = w.close()
+    with load_trace([path]) as trace:
+        verdicts = slowdown.detect(trace, slowdown.Params())
+    slowed = sorted(f.evidence["starts_ns"][0] for f in verdicts.findings)
+    assert sum(f.evidence["instances"] for f in verdicts.findings) == 4
+    assert all(f.evidence["kernel"] == "ampere_sgemm_128x64_nn" for f in verdicts.findings), slowed
+    why = [u for u in verdicts.unjudged if "another stream" in u["why"]]
+    assert why and why[0]["why"].startswith("8 compute kernels"), verdicts.unjudged  # 4 GEMMs and 4 FlipKernels
+
+
+def test_one_kernel_slowed_under_nccl_sometimes_with_a_host_copy_is_one_group(tmp_path):
+    """The classes are evidence, not groups: "NCCL kernel" and "NCCL kernel + host copy" instances
+    of one slowed GEMM were two groups, each below the warning share."""
+    from fixtures.exporter import ExportWriter
+
+    w = ExportWriter(tmp_path / "classes.sqlite")
+    w.process(100, "python3")
+    corr, t = 0, 1_000_000
+
+    def launch(start: int) -> int:
+        nonlocal corr
+        corr += 1
+        w.runtime(100, 100, start - 5_000, start - 4_000, "cudaLaunchKernel", corr)
+        return corr
+
+    for _ in range(10):
+        w.kernel(100, 0, 7, t, t + 100_000, "ampere_sgemm_128x64_nn", correlation=launch(t))
+        t += 150_000
+    for copy in (False, True) * 4:  # under NCCL, every other one under a host copy too
+        w.kernel(100, 0, 20, t - 10_000, t + 190_000, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", correlation=launch(t))
+        w.kernel(100, 0, 7, t, t + 180_000, "ampere_sgemm_128x64_nn", correlation=launch(t))
+        if copy:
+            w.memcpy(100, 0, 30, t - 5_000, t + 185_000, 64 << 20, "Host-to-Device", correlation=launch(t))
+        t += 300_000
+    with load_trace([w.close()]) as trace:
+        findings = slowdown.detect(trace, slowdown.Params()).findings
+    assert len(findings) == 1 and findings[0].group.endswith("|NCCL kernel")  # one episode, one group
+    assert findings[0].evidence["classes"] == {"NCCL kernel": 4, "NCCL kernel + host copy": 4}
+    assert findings[0].evidence["instances"] == 8 and "while NCCL kernel + host copy runs" in findings[0].title

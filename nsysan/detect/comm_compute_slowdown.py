@@ -41,10 +41,12 @@ factor keeps it from being blamed on communication. It is applied only when the 
 ``baseline_spread``: a cap slows everything alike, data-dependent durations do not) and it is
 more than ``clock_tolerance`` from 1 (closer is jitter).
 
-One finding per *episode*: consecutive slowed instances of one signature and class in one step
-(any other instance of the signature in between ends the episode). Window = first slowed start
+One finding per *episode*: consecutive slowed instances of one signature and cause in one step
+(any other instance of the signature in between ends the episode). The cause is the first class
+of an instance (NCCL before peer before host copies): a kernel slowed under NCCL, some instances
+with a host copy too, is one group with one fix, its classes counted in the evidence. Window = first slowed start
 to last slowed end. Impact = sum of (actual - expected x clock factor), in real ns. Episodes of
-the same (rank, device, kernel, class) share a group key; severity comes from the group's total
+the same (rank, device, kernel, cause) share a group key; severity comes from the group's total
 (``common.grade``).
 
 Thresholds, and why
@@ -65,8 +67,11 @@ Blind spots
 A position with no clean instance (communication always overlaps it, as a DDP bucket may) has no
 baseline and is not judged; nor are kernels whose clean instances disagree. Without NVTX, kernels
 of one signature doing different work are pooled; the spread check then usually refuses them.
-Contention with other compute streams and with device-to-device copies is not separated from
-"clean". Iteration numbers are removed with all other digits of a range name, so ranges that
+An instance under communication that compute on another stream (or a graph node beside it) also
+shared the GPU with for ``overlap_share`` of its time or more is not judged: either could have
+slowed it (a DALI kernel beside the training stream is not NCCL's doing); its time is reported as
+unjudged. Contention with other compute streams and with device-to-device copies is not separated
+from "clean". Iteration numbers are removed with all other digits of a range name, so ranges that
 differ only by numbers (tensor sizes in emit_nvtx names) share a path. Launches on a thread
 other than the one holding the step ranges (PyTorch's autograd thread) fall back to signature.
 """
@@ -86,7 +91,7 @@ from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.frames import unpack_shape
 from nsysan.ingest.nccl import NCCL_COLUMNS, NCCL_DOMAIN, is_communication
 from nsysan.ingest.trace import Trace
-from nsysan.intervals import covered_ns, merge
+from nsysan.intervals import covered_arrays, covered_ns, merge
 
 KIND = "comm_compute_slowdown"
 CLASSES = ("NCCL kernel", "peer copy", "host copy")  # bit i of an instance's class mask
@@ -160,6 +165,22 @@ def _coverage(compute: pd.DataFrame, comm: pd.DataFrame) -> np.ndarray:
         if idx is not None:
             covered[idx, cls] = covered_ns(starts[idx], ends[idx], merge(g, ["export", "device"]))
     return covered
+
+
+def _beside_compute(compute: pd.DataFrame) -> np.ndarray:
+    """ns of each compute kernel during which another compute kernel ran on its device too (another
+    stream, or graph nodes running side by side): the time where SMs were shared with compute."""
+    out = np.zeros(len(compute), dtype=np.int64)
+    starts, ends = compute["start_ns"].to_numpy(np.int64), compute["end_ns"].to_numpy(np.int64)
+    for idx in compute.groupby(["export", "device"]).indices.values():
+        s, e = starts[idx], ends[idx]
+        t = np.concatenate([s, e])
+        step = np.concatenate([np.ones(len(s), np.int64), -np.ones(len(e), np.int64)])
+        order = np.lexsort((step, t))  # at one instant, ends before starts: touching is not sharing
+        t, depth = t[order], np.cumsum(step[order])
+        two = (depth[:-1] >= 2) & (t[1:] > t[:-1])  # [t[i], t[i + 1]) with two or more kernels running
+        out[idx] = covered_arrays(s, e, t[:-1][two], t[1:][two])
+    return out
 
 
 # -- program position from NVTX ------------------------------------------------------------------
@@ -450,6 +471,14 @@ def _class_label(mask: int) -> str:
     return " + ".join(CLASSES[i] for i in range(len(CLASSES)) if mask >> i & 1)
 
 
+def _primary(mask: np.ndarray) -> np.ndarray:
+    """The cause an instance is grouped by: the first of its classes (NCCL before copies). A kernel
+    slowed under NCCL, sometimes with a host copy too, is one problem with one fix: the classes
+    are evidence (``classes``), not separate groups that each stay below the warning share."""
+    m = np.asarray(mask, dtype=np.int64)
+    return np.bitwise_and(m, -m)
+
+
 @register(KIND, Params)
 def detect(trace: Trace, p: Params) -> Verdicts:
     """Compute kernels slower while NCCL kernels or peer/host copies run on the same GPU."""
@@ -465,15 +494,24 @@ def detect(trace: Trace, p: Params) -> Verdicts:
 
 def _unjudged(k: pd.DataFrame) -> list[dict[str, object]]:
     """Per rank, the compute time that ran under communication but could not be judged: no clean
-    instance of the kernel at its program position agreed enough to be a baseline."""
-    blind = k[(k["cls"] > 0) & k["expected"].isna() & k["rank"].notna()]
-    if blind.empty:
-        return []
-    per = blind.groupby(blind["rank"].astype("int64"))["dur"].agg(["sum", "size"])
-    return [{"rank": int(r), "ns": int(row["sum"]),  # type: ignore[call-overload]
-             "why": f"{int(row['size'])} compute kernels ran under communication with no clean instance at their "
-                    "program position to compare with (no baseline): their slowdown is not judged"}
-            for r, row in per.iterrows()]  # fmt: skip
+    instance of the kernel at its program position agreed enough to be a baseline, or compute on
+    another stream shared the GPU with it for half its time or more (either could be the cause)."""
+    out: list[dict[str, object]] = []
+    under = (k["cls"] > 0) & k["rank"].notna()
+    reasons = (
+        (under & k["ambiguous"], "ran under communication while compute on another stream shared the GPU for half "
+                                 "their time or more: the two causes cannot be told apart, so their slowdown is not "
+                                 "judged"),
+        (under & ~k["ambiguous"] & k["expected"].isna(), "ran under communication with no clean instance at their "
+                                                         "program position to compare with (no baseline): their "
+                                                         "slowdown is not judged"),
+    )  # fmt: skip
+    for rows, why in reasons:
+        part = k[rows]
+        per = part.groupby(part["rank"].astype("int64"))["dur"].agg(["sum", "size"])
+        out += [{"rank": int(r), "ns": int(row["sum"]), "why": f"{int(row['size'])} compute kernels {why}"}  # type: ignore[call-overload]
+                for r, row in per.iterrows()]  # fmt: skip
+    return out
 
 
 def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
@@ -500,8 +538,9 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
     for bit in range(len(CLASSES)):  # a column at a time: a (kernels, classes) sum is strided
         mask |= (share[:, bit] >= p.overlap_share).astype(np.int64) << bit
     positions = _positions(trace, compute)
+    beside = _beside_compute(compute) / np.maximum(dur, 1)
     k = compute.assign(dur=dur, clean=covered.sum(axis=1) == 0, cls=mask, nccl_share=np.minimum(share[:, 0], 1.0),
-                       other_share=share[:, 1:].sum(axis=1),
+                       other_share=share[:, 1:].sum(axis=1), compute_share=np.minimum(beside, 1.0),
                        grid=compute["grid"].fillna(-1), block=compute["block"].fillna(-1))  # fmt: skip
     del compute, covered, share
     k = pd.concat([k, positions], axis=1)
@@ -539,7 +578,10 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
         k.loc[rows, "hi"] = fill.loc[found, "hi"]
         k.loc[rows, "baseline"] = _KIN
     _contention_baselines(k, p)
-    judged = (k["cls"] > 0) & k["expected"].notna()
+    # under communication and, for half its time or more, beside compute on another stream: either
+    # could have slowed it, and nothing here tells them apart, so it is not judged (see _unjudged)
+    k["ambiguous"] = (k["cls"] > 0) & (k["compute_share"] >= p.overlap_share)
+    judged = (k["cls"] > 0) & k["expected"].notna() & ~k["ambiguous"]
     above = (k["corrected"] >= p.min_ratio * k["expected"]) & (k["corrected"] > k["hi"] * (1 + p.clean_margin))
     k["slowed"] = judged & above
     return k
@@ -548,7 +590,7 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
 def _episodes(trace: Trace, k: pd.DataFrame, comm: pd.DataFrame, p: Params) -> list[Finding]:
     """Fold consecutive slowed instances of one signature and class in one step into findings."""
     k = k.sort_values(["export", "device", "sig", "step", "start_ns"], kind="stable")
-    key = np.where(k["slowed"], k["cls"], -1)
+    key = np.where(k["slowed"], _primary(k["cls"].to_numpy()), -1)
     same = k[["export", "device", "sig", "step"]].eq(k[["export", "device", "sig", "step"]].shift()).all(axis=1)
     k["episode"] = (~same | (key != np.roll(key, 1))).cumsum()
     s = k[k["slowed"]].copy()
@@ -585,7 +627,9 @@ def _overlapping(s: pd.DataFrame, comm: pd.DataFrame) -> pd.Series:
 
 def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
     first = e.iloc[0]
-    name, mask = str(first["name"]), int(first["cls"])
+    name, mask = str(first["name"]), int(np.bitwise_or.reduce(e["cls"].to_numpy()))
+    cause_label = _class_label(int(_primary(np.array([mask]))[0]))
+    by_class = e["cls"].map(_class_label).value_counts()
     grid, block = (
         unpack_shape(first["grid"], first["block"]) if first["grid"] >= 0 and first["block"] >= 0 else (None, None)
     )
@@ -613,10 +657,10 @@ def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
         rank=rank_text,
         device=int(first["device"]),
         pid=int(first["pid"]),
-        group=f"{KIND}|rank {rank_text}|device {int(first['device'])}|{name}|grid {grid}|block {block}|{cls}",
+        group=f"{KIND}|rank {rank_text}|device {int(first['device'])}|{name}|grid {grid}|block {block}|{cause_label}",
         # removed: each slowed instance back at its expected time; one family per kernel and class on every rank
         cause=Cause(
-            f"{KIND}|{name}|grid {grid}|block {block}|{cls}",
+            f"{KIND}|{name}|grid {grid}|block {block}|{cause_label}",
             (
                 Edit(
                     "shorten",
@@ -630,7 +674,8 @@ def _finding(e: pd.DataFrame, impact: int, run: int) -> Finding:
             "short_name": str(first["short_name"]),
             "grid": grid,
             "block": block,
-            "communication_class": cls,
+            "communication_class": cause_label,
+            "classes": {str(c): int(n) for c, n in by_class.items()},
             "overlapping_communication": whats,
             "step": step,
             "nvtx_path": str(first["path"]) or None,
