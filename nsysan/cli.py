@@ -272,10 +272,14 @@ def report(
 
 def _configure_cache(directory: Path | None, off: bool) -> None:
     """The frame cache for this command's loads: on unless --no-cache (or NSYSAN_CACHE=0 with no --cache)."""
+    from nsysan.ingest import raw_reports
     from nsysan.ingest.cache import ENV, configure
 
     unset = os.environ.get(ENV, "").strip().lower() in ("0", "off", "no", "false")
-    configure(enabled=not off and (directory is not None or not unset), directory=directory)
+    enabled = not off and (directory is not None or not unset)
+    configure(enabled=enabled, directory=directory)
+    # a .nsys-rep's SQLite export: kept beside the frames, or for this run only
+    raw_reports.configure(raw_reports.exports_dir(directory), cached=enabled)
 
 
 class DiffFailOn(str, Enum):
@@ -425,24 +429,36 @@ app.add_typer(cache_app, name="cache")
 def cache_info(cache_dir: CacheDir = None) -> None:
     """Where the frame cache is, how many exports it holds and its size on disk."""
     from nsysan.ingest.cache import FrameCache
+    from nsysan.ingest.raw_reports import exports_dir, exports_info
 
     info = FrameCache(cache_dir).info()
+    reports, report_bytes = exports_info(exports_dir(cache_dir))
     typer.echo(f"location: {info.location}")
     typer.echo(f"entries:  {info.entries} export(s), {info.files} file(s)")
     typer.echo(f"size:     {info.size_bytes / 2**20:.1f} MiB")
+    typer.echo(
+        f"reports:  {reports} .nsys-rep exported to SQLite, {report_bytes / 2**20:.1f} MiB in {exports_dir(cache_dir)}"
+    )
 
 
 @cache_app.command("clear")
 def cache_clear(cache_dir: CacheDir = None) -> None:
-    """Remove every entry of the frame cache (only nsysan's entries; the directory stays)."""
+    """Remove every entry of the frame cache and the kept exports of .nsys-rep reports (only nsysan's entries)."""
     from nsysan.ingest.cache import FrameCache
+    from nsysan.ingest.raw_reports import clear_exports, exports_dir
 
     cache = FrameCache(cache_dir)
     removed, left = cache.clear()
-    typer.echo(f"removed {removed} cache entr{'y' if removed == 1 else 'ies'}")
+    reports, reports_left = clear_exports(exports_dir(cache_dir))
+    typer.echo(f"removed {removed} cache entr{'y' if removed == 1 else 'ies'}"
+               + (f" and {reports} exported report{'' if reports == 1 else 's'}" if reports else ""))  # fmt: skip
     if left:
         typer.echo(f"nsysan: error: could not remove {left} cache entr{'y' if left == 1 else 'ies'} in "
                    f"{cache.directory} (no permission to delete there?)", err=True)  # fmt: skip
+    if reports_left:
+        typer.echo(f"nsysan: error: could not remove {reports_left} exported report{'' if reports_left == 1 else 's'} "
+                   f"in {exports_dir(cache_dir)} (no permission to delete there?)", err=True)  # fmt: skip
+    if left or reports_left:
         raise typer.Exit(1)
 
 

@@ -96,7 +96,7 @@ CASES = {
     "truncated": (_truncated, ("truncated",)),
     "corrupt": (_corrupt, ("SQLite cannot read",)),
     "no CUDA and no NVTX": (_no_activity, ("no CUDA activity and no NVTX", "--trace=cuda,nvtx")),
-    "raw .nsys-rep": (_raw_report, ("nsys export --type sqlite",)),
+    "raw .nsys-rep nsys cannot read": (_raw_report, ("nsys export --type sqlite capture.nsys-rep",)),
 }
 
 

@@ -87,3 +87,38 @@ def test_report_on_a_cpu_capture_says_what_it_cannot_show(capture):
     assert any(n.startswith("No CUDA data") for n in doc["summary"]["limitations"])
     with load_trace([export]) as trace:
         assert analyse(trace)["findings"] == []
+
+
+def test_a_raw_report_is_exported_once_with_nothing_written_beside_it(capture, tmp_path):
+    """`nsysan report job.nsys-rep` reads what `nsys export --type sqlite` makes of it: the same
+    report as the .sqlite nsys wrote at capture, from a read-only directory, exported once into
+    the cache (a second report exports nothing), a directory of reports read too."""
+    import os
+    import shutil
+    import time
+
+    export, _ = capture
+    alone = tmp_path / "reports"
+    alone.mkdir()
+    shutil.copy(export.with_suffix(".nsys-rep"), alone / "job.nsys-rep")
+    alone.chmod(0o555)
+    cache = tmp_path / "cache"
+
+    def report(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "nsysan", "report", "-f", "json", "--cache", str(cache), *args],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    try:
+        first = report(str(alone / "job.nsys-rep"))
+        assert first.returncode == 0 and first.stderr == "", first.stderr
+        exported = sorted((cache / "exports").glob("*/job.sqlite"))
+        assert len(exported) == 1 and sorted(os.listdir(alone)) == ["job.nsys-rep"]
+        made = exported[0].stat().st_mtime_ns
+        time.sleep(0.01)
+        again = report(str(alone))  # the directory: its one report
+        assert again.returncode == 0 and exported[0].stat().st_mtime_ns == made
+        direct = report(str(export))
+        same = lambda out, path: out.replace(json.dumps(str(path))[1:-1], "EXPORT")  # noqa: E731
+        assert same(first.stdout, exported[0]) == same(again.stdout, exported[0]) == same(direct.stdout, export)
+    finally:
+        alone.chmod(0o755)

@@ -12,12 +12,16 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from nsysan.errors import InputError
+from nsysan.ingest.raw_reports import RAW_SUFFIXES, is_raw, sqlite_of
 
 EXPORT_SUFFIXES = (".sqlite", ".db", ".sqlite3")
 
 
 def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] | None = None) -> list[Path]:
-    """Files as given, directories as the exports inside them, globs expanded; order kept.
+    """Files as given, directories as the exports inside them, globs expanded; order kept. A raw
+    report (``.nsys-rep``) stands for its SQLite export, made with nsys once
+    (:mod:`nsysan.ingest.raw_reports`); in a directory, only one with no ``.sqlite`` of the same name
+    beside it (nsys and ``nsysan capture`` write both).
 
     Inside a directory only regular files count: a FIFO, device or socket named ``x.sqlite``
     would block or stream forever, so it is skipped and a note appended to ``skipped``. A path
@@ -29,17 +33,22 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
         path = Path(text)
         if path.is_dir():
             named = sorted(p for p in path.iterdir() if p.suffix.lower() in EXPORT_SUFFIXES)
-            found = [p for p in named if p.is_file()]
+            stems = {p.stem for p in named}
+            raw = [p for p in path.iterdir() if p.suffix.lower() in RAW_SUFFIXES and p.stem not in stems]
+            named = sorted(named + [p for p in raw if p.is_file()])
+            found = [sqlite_of(p) if is_raw(p) else p for p in named if p.is_file()]
             if skipped is not None:
                 skipped.extend(f"{p}: skipped, not a regular file" for p in named if not p.is_file())
             if not found:
-                raise InputError(f"{path}: directory holds no .sqlite exports")
+                raise InputError(f"{path}: directory holds no .sqlite exports or .nsys-rep reports")
             paths.extend(found)
         elif not path.exists() and glob.has_magic(text):
             matched = sorted(Path(p) for p in glob.glob(text))
             if not matched:
                 raise InputError(f"{text}: pattern matches no files")
             paths.extend(expand_inputs(matched, skipped))
+        elif is_raw(path) and path.is_file():
+            paths.append(sqlite_of(path))
         else:
             paths.append(path)
     seen: set[Path] = set()
