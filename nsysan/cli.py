@@ -626,6 +626,9 @@ def serve(
 
     Example: nsysan serve --traces runs/ --db postgresql+psycopg://nsysan@dbhost/nsysan --host 0.0.0.0 --users users.toml
     """
+    from nsysan.extras import require
+
+    require("dashboard", "nsysan serve")
     from dashboards.app import start
     from dashboards.auth import USERS_ENV, is_loopback, load_users
     from dashboards.server import Server
@@ -653,6 +656,9 @@ def serve(
 @app.command("hash-password")
 def hash_password() -> None:
     """Read a password (twice, not echoed) and print its salted hash for --users or NSYSAN_USERS."""
+    from nsysan.extras import require
+
+    require("dashboard", "nsysan hash-password (a login of nsysan serve)")
     from dashboards.auth import hash_password as make_hash
 
     password = typer.prompt("Password", hide_input=True, confirmation_prompt=True, err=True)

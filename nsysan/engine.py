@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 import pandas as pd
 
+from nsysan import extras
 from nsysan.analysis import (
     ExportResult,
     Settings,
@@ -152,9 +153,16 @@ def open_engine(workers: int | None, scheduler: str | None, paths: Sequence[Path
     processes (0 or 1: this process; None: :func:`choose_workers`)."""
     if scheduler is None:
         n = choose_workers(paths) if workers is None else workers
+        if n > 1 and workers is None and extras.missing("cluster"):
+            sys.stderr.write(
+                f"nsysan: note: a job of {job_bytes(paths) / 2**20:.0f} MiB runs faster on a local Dask cluster "
+                "(pip install 'nsysan[cluster]'); analysing it in this process\n"
+            )
+            n = 0
         if n <= 1:
             yield Serial()
             return
+    extras.require("cluster", "--scheduler" if scheduler is not None else f"--workers {workers}")
     from distributed import Client, LocalCluster
 
     if scheduler is not None:

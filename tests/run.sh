@@ -20,7 +20,7 @@ else
         pip_install torch==2.13.0
     fi
 fi
-pip_install -e ".[test]"
+pip_install -e ".[all,test]"
 
 # The code checks come first and fail the run (docs/testing.md): lint, formatting, types, layering.
 echo "tests/run.sh: ruff check, ruff format --check, mypy, lint-imports" >&2
