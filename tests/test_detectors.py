@@ -18,6 +18,8 @@ from nsysan.detect import parse_settings, registered, run_detectors
 from nsysan.errors import InputError
 from nsysan.ingest import load_trace
 
+runner = CliRunner()
+
 
 def findings(paths, kind=None, **settings):
     with load_trace(paths) as trace:
@@ -209,3 +211,28 @@ def test_overhead_rows_without_a_thread_are_not_pinned_on_pid_0(tmp_path):
 def test_settings_must_be_finite_and_not_negative(value):
     with pytest.raises(InputError):
         parse_settings([f"nccl_ordering_stall.min_stall_ns={value}"])
+
+
+def test_an_ordering_stall_whose_participants_are_unknown_is_not_dropped_silently():
+    """Without participants (matching not attempted: the limit set to 1 pair) the stall on rank 2
+    cannot be judged; its time is in steps.unjudged, per rank, instead of vanishing."""
+    import json
+
+    from fixtures.samples import sample_paths
+
+    sample = str(sample_paths("pipeline-stall")[0])
+
+    def report(*extra: str) -> dict:
+        out = runner.invoke(app, ["report", "--no-cache", "-f", "json", sample, *extra], catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        return json.loads(out.stdout)
+
+    seen = report()
+    stall = [f for f in seen["findings"] if f["kind"] == "nccl_ordering_stall"]
+    assert [(f["rank"], f["impact_ns"]) for f in stall] == [(2, 4_996_000)]
+    assert not [u for u in seen["steps"]["unjudged"] if u["detector"] == "nccl_ordering_stall"]
+    blind = report("--set", "nccl_ordering_stall.max_position_pairs=1")
+    assert not [f for f in blind["findings"] if f["kind"] == "nccl_ordering_stall"]
+    unjudged = {u["rank"]: u for u in blind["steps"]["unjudged"] if u["detector"] == "nccl_ordering_stall"}
+    assert unjudged[2]["ns"] >= 4_996_000 and unjudged[2]["why"].startswith("2 NCCL operations ready")
+    assert sorted(unjudged) == [0, 1, 2, 3]

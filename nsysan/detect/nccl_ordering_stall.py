@@ -26,7 +26,8 @@ stream, or two communicators sharing a stream). Everything here is measured on t
 Group: (rank, stream, late rank), so the same late peer stalling the same stream every step is one
 headline. Blind spots: without payloads and without NVTX step ranges, participants rest on one
 agreement at the same program position; an op whose participants cannot be matched is never
-reported (precision first); readiness cannot see host-side dependencies that are not CUDA events.
+reported (precision first), but one held in the queue behind an op whose wait cannot be judged is
+counted in ``steps.unjudged`` with the time it could have lost, per rank; readiness cannot see host-side dependencies that are not CUDA events.
 """
 
 from __future__ import annotations
@@ -110,11 +111,14 @@ def _values(column: pd.Series, rows: np.ndarray | None) -> np.ndarray:
     return values if rows is None else values[rows]
 
 
-def stalls(ops: pd.DataFrame, parts: comm_table.Participants, p: Params) -> pd.DataFrame:
+def stalls(
+    ops: pd.DataFrame, parts: comm_table.Participants, p: Params, blind: list[np.ndarray] | None = None
+) -> pd.DataFrame:
     """The stalls, indexed by op position (as B): its predecessor A, what A waited for, B's lost time,
     and whether B is the first of its episode (``parent`` -1) or a link of another stall's episode
     (``parent``, ``root``). Only the ops queued behind another are examined past the first test, and
-    only the stalls kept: the per-op arrays are 10M long at 1,024 ranks."""
+    only the stalls kept: the per-op arrays are 10M long at 1,024 ranks. ``blind`` receives the ops
+    that could have stalled but whose participants are unknown, and the time each could have lost."""
     late = comm_table.latest_peer(ops, parts)
     release_freed_memory()
     a = _predecessor(ops)
@@ -135,8 +139,15 @@ def stalls(ops: pd.DataFrame, parts: comm_table.Participants, p: Params) -> pd.D
     b_peers_ready = late_start(b)  # NaN: B's participants unknown, never reported
     free_at = np.fmax(ready[b], b_peers_ready)
     impact = a_start[b] - free_at
-    ok = ((a_wait >= p.min_wait_ns) & (ops["a_end"].to_numpy()[ab] - ready[b] >= p.min_stall_ns)
-          & ~np.isnan(b_peers_ready) & (impact >= p.min_stall_ns))  # fmt: skip
+    held = ops["a_end"].to_numpy()[ab] - ready[b] >= p.min_stall_ns  # B ready well before A ended
+    ok = held & (a_wait >= p.min_wait_ns) & ~np.isnan(b_peers_ready) & (impact >= p.min_stall_ns)
+    # B held in the queue behind A, where A's participants are unknown (did A wait for a late
+    # rank?) or A waited for one and B's are unknown (were B's own peers late?): not judged, and
+    # said so with the time it could have lost (ready to start)
+    if blind is not None:
+        unsure = np.isnan(a_wait) | ((a_wait >= p.min_wait_ns) & np.isnan(b_peers_ready))
+        unknown = b[held & unsure & (a_start[b] - ready[b] >= p.min_stall_ns)]
+        blind += [unknown, (a_start[unknown] - ready[unknown]).astype(np.int64)]
     rows, ab, a_wait, free_at, impact = b[ok], ab[ok], a_wait[ok], free_at[ok], impact[ok]
     # cascades: B whose A's late op was itself stalled belongs to that op's episode
     late_of_a = late[ab]
@@ -175,7 +186,19 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
         return []
     parts = att.participants
     method = parts.method
-    st = stalls(ops, parts, p)
+    blind: list[np.ndarray] = []
+    st = stalls(ops, parts, p, blind)
+    unknown, could_lose = blind
+    if len(unknown):
+        per = pd.Series(could_lose).groupby(ops["rank"].to_numpy()[unknown]).agg(["sum", "size"])
+        job.unjudged.extend(
+            {"detector": KIND, "rank": int(r), "ns": int(row["sum"]),  # type: ignore[call-overload]
+             "why": f"{int(row['size'])} NCCL operation{'s' if int(row['size']) > 1 else ''} ready well before the operation ahead of them on their "
+                    "stream ended, where that operation's or their own participants were not matched on another "
+                    "rank (no NCCL payloads and no agreeing program position): whether they stalled behind a late "
+                    "rank is not judged (up to this long)"}
+            for r, row in per.iterrows()
+        )  # fmt: skip
     heads = st.index[st["parent"] < 0].to_numpy()
     links = st[st["parent"] >= 0]
     chain_of = {as_int(r): [int(c) for c in g.index] for r, g in links.groupby("root")}  # one entry per episode

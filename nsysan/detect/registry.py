@@ -32,6 +32,8 @@ class JobFacts:
     runs: list[int]  # per export: the run length in ns (``common.run_ns``)
     clock: list[int]  # per export: ns to add to put its times on the job clock (aligned on collectives)
     notes: list[str] = dataclasses.field(default_factory=list)  # what a reduce could not do, for the report
+    # time a reduce could not judge, and why (dicts with detector, rank, ns, why: ``steps.unjudged``)
+    unjudged: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     attribution: Any = None  # the job's step attribution (nsysan.attribution.job.JobAttribution), when built
 
 

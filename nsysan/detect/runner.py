@@ -116,6 +116,7 @@ def reduce_detectors(
         notes.extend(job.notes)
     if attribution is not None:
         attribution.unjudged.extend(u for part in parts for u in part.unjudged)
+        attribution.unjudged.extend(job.unjudged)
     findings = assess(graded, attribution)
     return sorted(findings, key=_worst_first(list(registered())))
 
