@@ -143,6 +143,22 @@ def test_failing_workload_keeps_its_report_and_exit_code(nsys_bin, tmp_path):
     # it recorded nothing nsysan can report: no next step that would fail and point back at capture
     assert "nsysan: next:" not in r.stderr
     assert "the job failed (exit code 3" in r.stderr and "recorded nothing to report" in r.stderr
+    # nsys's progress bars as a terminal ends them: no carriage returns, no lines of several KB in a log
+    assert "\r" not in r.stdout + r.stderr and max(map(len, (r.stdout + r.stderr).splitlines())) < 300
+    assert "100%] report.nsys-rep" in r.stdout, r.stdout
+
+
+def test_progress_bars_reach_a_log_as_their_last_state():
+    import io
+
+    from nsysan.capture.progress import forward, shown
+
+    assert shown(b"\r[1/2] [0%   ] a\r[1/2] [==50%] a\r[1/2] [=100%] a") == b"[1/2] [=100%] a"
+    assert shown(b"plain") == b"plain" and shown(b"done\r") == b"done"
+    source = io.BytesIO(b"hi\n" + b"".join(b"\r[1/1] [%3d%%] r" % i for i in range(101)) + b"\nGenerated:\n")
+    sink = io.BytesIO()
+    forward(source, sink)
+    assert sink.getvalue() == b"hi\n[1/1] [100%] r\nGenerated:\n"
 
 
 @pytest.mark.nsys

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nsysan import __version__
+from nsysan.capture import progress
 from nsysan.capture.command import check_overrides, nsys_argv
 from nsysan.errors import InputError, NsysanError
 from nsysan.nsys import find_nsys, nsys_version
@@ -163,12 +164,17 @@ def capture(
     try:
         # nsys gets its own session: a terminal's Ctrl-C reaches only nsysan, which passes exactly one
         # SIGINT on (a second one makes nsys abandon the report)
-        proc = subprocess.Popen(argv, env=env, start_new_session=True)
+        proc, readers = progress.start(argv, sys.stdout, sys.stderr, env=env, start_new_session=True)
         code = proc.wait()
+        for reader in readers:  # a process the job left behind may hold the pipe: not waited for long
+            reader.join(timeout=10)
         if rep.exists() and not sqlite.exists() and len(signals) < 2:
             say("exporting to SQLite")
-            subprocess.run([str(nsys_path), "export", "--type=sqlite", f"--output={sqlite}", "--force-overwrite=true",
-                            str(rep)], check=False)  # fmt: skip
+            export, readers = progress.start([str(nsys_path), "export", "--type=sqlite", f"--output={sqlite}",
+                                              "--force-overwrite=true", str(rep)], sys.stdout, sys.stderr)  # fmt: skip
+            export.wait()
+            for reader in readers:
+                reader.join(timeout=10)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
