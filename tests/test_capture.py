@@ -160,6 +160,33 @@ def test_progress_bars_reach_a_log_as_their_last_state():
     forward(source, sink)
     assert sink.getvalue() == b"hi\n[1/1] [100%] r\nGenerated:\n"
 
+    class Chunks(io.RawIOBase):  # a pipe's reads, cut where the test says
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.chunks = chunks
+
+        def read(self, n: int = -1) -> bytes:
+            return self.chunks.pop(0) if self.chunks else b""
+
+    for chunks, shown_as in (
+        ([b"epoch 1: 50%\r", b"epoch 1: 100%\r", b"\n", b"done\n"], b"epoch 1: 100%\ndone\n"),  # a bar ending in \r
+        ([b"line one\r", b"\nline two\r\n"], b"line one\nline two\n"),  # CRLF cut between reads
+        ([b"\r[1] 1%", b"\r[1] 50", b"%\r[1] 100%", b"\nGen\n"], b"[1] 100%\nGen\n"),
+    ):
+        sink = io.BytesIO()
+        forward(Chunks(chunks), sink)
+        assert sink.getvalue() == shown_as, chunks
+
+    class ClosedPipe(io.BytesIO):  # `nsysan capture ... | head -1`
+        def write(self, b: bytes) -> int:  # type: ignore[override]
+            raise BrokenPipeError
+
+    source = Chunks([b"line\n"] * 1000)
+    forward(source, ClosedPipe())
+    assert source.chunks == []  # still read to the end: nsys and the job never block on a full pipe
+    text = io.StringIO()  # a sink with no bytes buffer (Jupyter's stdout)
+    forward(Chunks([b"x\ny\n"]), text)
+    assert text.getvalue() == "x\ny\n"
+
 
 @pytest.mark.nsys
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])

@@ -680,3 +680,28 @@ def test_torchruns_sigterm_teardown_leaves_nothing_in_dev_shm(tmp_path):
         assert os.listdir(shm) == [], out.stderr[-2000:]
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_a_forked_child_ending_leaves_its_parents_segments(tmp_path):
+    """A DataLoader worker is a fork of the rank: when it ends (or is SIGTERMed by its pool) the
+    rank's segments are not its to remove; the rank's own exit removes them."""
+    seg = tmp_path / "nsysan-p2p-x-r0-pool"
+    code = f"""
+import os, signal, sys, time
+from nsysan.transport.shm import own
+open({str(seg)!r}, "w").close()
+own({str(seg)[:-4]!r})
+pid = os.fork()
+if pid == 0:
+    if sys.argv[1] == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    sys.exit(0)
+os.waitpid(pid, 0)
+print(os.path.exists({str(seg)!r}))
+"""
+    for how in ("exit", "term"):
+        seg.touch()
+        out = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "True", (how, out.stderr)  # the child left them
+        assert not seg.exists(), how  # the parent's exit removed them

@@ -9,6 +9,8 @@ after its last carriage return. On a terminal nothing is piped, so the job sees 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -47,21 +49,33 @@ def _is_terminal(stream: IO[Any]) -> bool:
 
 
 def forward(source: IO[bytes], sink: IO[Any]) -> None:
-    """Copy ``source`` to ``sink`` line by line, each line as it ends on a terminal."""
-    out = getattr(sink, "buffer", sink)
+    """Copy ``source`` to ``sink`` line by line, each line as it ends on a terminal. A sink that
+    fails (a closed pipe: ``| head``) stops the copying, never the reading: an undrained pipe would
+    block nsys and the job on their next write."""
+    out = sink if isinstance(sink, (io.RawIOBase, io.BufferedIOBase)) else getattr(sink, "buffer", None)
+    write = out.write if out is not None else (lambda b: sink.write(b.decode(errors="replace")))  # text only
+    broken = False
     pending = b""
     while chunk := source.read1(_CHUNK) if hasattr(source, "read1") else source.read(_CHUNK):
+        if broken:
+            continue
         pending += chunk
         *lines, pending = pending.split(b"\n")
-        for line in lines:
-            out.write(shown(line) + b"\n")
-        cr = pending.rfind(b"\r")
-        if cr > 0:
-            pending = pending[cr:]  # a bar still redrawing: only its latest state can be shown
-        out.flush()
-    if pending:
-        out.write(shown(pending))
-        out.flush()
+        text = b"".join(shown(line) + b"\n" for line in lines)
+        if b"\r" in pending:  # a bar still redrawing: its latest complete state and the one being drawn
+            *done, current = pending.split(b"\r")
+            latest = [d for d in done if d.strip()]
+            pending = (b"\r" + latest[-1] if latest else b"") + b"\r" + current
+        try:
+            if text:
+                write(text)
+            (out or sink).flush()
+        except (OSError, ValueError, TypeError):
+            broken = True
+    if pending and not broken:
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            write(shown(pending))
+            (out or sink).flush()
 
 
 def shown(line: bytes) -> bytes:

@@ -108,32 +108,32 @@ def remove_all(prefix: str) -> int:
 
 _owned: set[str] = set()
 _owned_lock = threading.Lock()
+_owner_pid = 0  # the process whose segments _owned names: a forked child (a DataLoader worker) owns none
 _at_exit = False
 _on_sigterm = False
 
 
 def own(prefix: str) -> None:
     """Remove every segment under ``prefix`` if this process ends before :func:`disown` (see the
-    module's doc). The SIGTERM handler is installed from the main thread only (Python's rule), and
-    never where SIGTERM is ignored; it chains to the handler it replaced, or ends the process by
-    SIGTERM as before, so the exit status torchrun sees is unchanged."""
-    global _at_exit, _on_sigterm
+    module's doc). The SIGTERM handler is installed only where SIGTERM still has its default
+    action (it ends the process), and from the main thread (Python's rule): a handler of the
+    program's own (finish the step, checkpoint, then exit) keeps its segments until it exits, when
+    the exit handler removes them. After the clean-up SIGTERM ends the process as before, so the
+    exit status torchrun sees is unchanged."""
+    global _at_exit, _on_sigterm, _owner_pid
     with _owned_lock:
         _owned.add(prefix)
+        _owner_pid = os.getpid()
         if not _at_exit:
             atexit.register(_remove_owned)
             _at_exit = True
         if _on_sigterm or threading.current_thread() is not threading.main_thread():
             return
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous in (signal.SIG_IGN, None):  # ignored, or a handler not set from Python: left alone
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
             _remove_owned()
-            if callable(previous):
-                previous(signum, frame)
-                return
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -148,5 +148,8 @@ def disown(prefix: str) -> None:
 
 
 def _remove_owned() -> None:
+    if os.getpid() != _owner_pid:  # a forked child ending: the segments are its parent's
+        return
     for prefix in list(_owned):
-        remove_all(prefix)
+        with contextlib.suppress(OSError):
+            remove_all(prefix)
