@@ -374,3 +374,31 @@ def test_cache_clear_says_what_it_could_not_remove(tmp_path, export, monkeypatch
     cleared = runner.invoke(app, ["cache", "clear", "--cache", str(where)])
     assert cleared.exit_code == 1 and "removed 0" in cleared.stdout
     assert "could not remove 1 cache entry" in cleared.stderr and FrameCache(where).info().entries == 1
+
+
+def test_a_hash_of_a_file_changed_this_instant_is_not_remembered(tmp_path, export, monkeypatch):
+    """File times come from a coarse clock: an UPDATE of the same size in the tick of the hash
+    would keep the stat identity, and a remembered hash would then name stale frames (git's racy
+    rule). A file changed within 2 s is hashed again each time; an older one is remembered."""
+    from nsysan.ingest import cache as cache_module
+
+    identities = tmp_path / "ids"
+    monkeypatch.setattr(cache_module, "_known", {})
+    key = export_key(export, identities)  # copied just now by the fixture
+    assert not identities.exists() or not any(identities.iterdir())
+    monkeypatch.setattr(cache_module, "_RACY_NS", 0)  # as if 2 s had passed
+    assert export_key(export, identities) == key and len(list(identities.iterdir())) == 1
+
+
+def test_a_report_beside_its_export_is_not_read_twice(tmp_path):
+    """A glob over capture run directories names report.sqlite and report.nsys-rep: the export is
+    read, and the report is not exported (nor needs nsys) as a second copy of the same ranks."""
+    from nsysan.ingest import expand_inputs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(SAMPLE, run / "report.sqlite")
+    (run / "report.nsys-rep").write_bytes(b"\x00not a report nsys could read")
+    assert expand_inputs([str(tmp_path / "*" / "*")]) == [run / "report.sqlite"]
+    assert expand_inputs([str(run / "report.nsys-rep"), str(run / "report.sqlite")]) == [run / "report.sqlite"]
+    assert expand_inputs([str(run)]) == [run / "report.sqlite"]

@@ -235,4 +235,5 @@ def test_an_ordering_stall_whose_participants_are_unknown_is_not_dropped_silentl
     assert not [f for f in blind["findings"] if f["kind"] == "nccl_ordering_stall"]
     unjudged = {u["rank"]: u for u in blind["steps"]["unjudged"] if u["detector"] == "nccl_ordering_stall"}
     assert unjudged[2]["ns"] >= 4_996_000 and unjudged[2]["why"].startswith("2 NCCL operations ready")
-    assert sorted(unjudged) == [0, 1, 2, 3]
+    # each op's wait from ready to start, the union per stream (checked by hand on the sample's rows)
+    assert {r: u["ns"] for r, u in unjudged.items()} == {0: 2_433_000, 1: 2_433_000, 2: 7_454_000, 3: 2_433_000}

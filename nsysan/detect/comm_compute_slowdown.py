@@ -485,23 +485,24 @@ def detect(trace: Trace, p: Params) -> Verdicts:
     k = judge(trace, p)
     if k is None:
         return Verdicts([])
-    unjudged = _unjudged(k)
+    unjudged = _unjudged(k, p)
     if not k["slowed"].any():
         return Verdicts([], unjudged)
     comm = _communication(trace, trace.kernel_columns(_COLUMNS).dropna(subset=["device"]))
     return Verdicts(_episodes(trace, k, comm, p), unjudged)
 
 
-def _unjudged(k: pd.DataFrame) -> list[dict[str, object]]:
+def _unjudged(k: pd.DataFrame, p: Params) -> list[dict[str, object]]:
     """Per rank, the compute time that ran under communication but could not be judged: no clean
     instance of the kernel at its program position agreed enough to be a baseline, or compute on
-    another stream shared the GPU with it for half its time or more (either could be the cause)."""
+    another stream shared the GPU with it for ``overlap_share`` of its time or more (either could
+    be the cause)."""
     out: list[dict[str, object]] = []
     under = (k["cls"] > 0) & k["rank"].notna()
     reasons = (
-        (under & k["ambiguous"], "ran under communication while compute on another stream shared the GPU for half "
-                                 "their time or more: the two causes cannot be told apart, so their slowdown is not "
-                                 "judged"),
+        (under & k["ambiguous"], "ran under communication while compute on another stream shared the GPU for "
+                                 f"{p.overlap_share:.0%} of their time or more: the two causes cannot be told apart, "
+                                 "so their slowdown is not judged"),
         (under & ~k["ambiguous"] & k["expected"].isna(), "ran under communication with no clean instance at their "
                                                          "program position to compare with (no baseline): their "
                                                          "slowdown is not judged"),

@@ -44,6 +44,7 @@ from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.nccl import same_as_previous
 from nsysan.ingest.trace import Trace
+from nsysan.intervals import merge
 from nsysan.memory import release_freed_memory
 
 KIND = "nccl_ordering_stall"
@@ -147,7 +148,7 @@ def stalls(
     if blind is not None:
         unsure = np.isnan(a_wait) | ((a_wait >= p.min_wait_ns) & np.isnan(b_peers_ready))
         unknown = b[held & unsure & (a_start[b] - ready[b] >= p.min_stall_ns)]
-        blind += [unknown, (a_start[unknown] - ready[unknown]).astype(np.int64)]
+        blind += [unknown, ready[unknown].astype(np.int64), a_start[unknown].astype(np.int64)]
     rows, ab, a_wait, free_at, impact = b[ok], ab[ok], a_wait[ok], free_at[ok], impact[ok]
     # cascades: B whose A's late op was itself stalled belongs to that op's episode
     late_of_a = late[ab]
@@ -188,9 +189,14 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
     method = parts.method
     blind: list[np.ndarray] = []
     st = stalls(ops, parts, p, blind)
-    unknown, could_lose = blind
+    unknown, ready_at, started_at = blind
     if len(unknown):
-        per = pd.Series(could_lose).groupby(ops["rank"].to_numpy()[unknown]).agg(["sum", "size"])
+        # ops queued one behind the other wait through the same time: the union per stream, not the sum
+        waits = pd.DataFrame({"rank": ops["rank"].to_numpy()[unknown], "stream": ops["stream"].to_numpy()[unknown],
+                              "start_ns": ready_at, "end_ns": started_at})  # fmt: skip
+        merged = merge(waits, ["rank", "stream"])
+        per = pd.DataFrame({"sum": (merged["end_ns"] - merged["start_ns"]).groupby(merged["rank"]).sum(),
+                            "size": waits.groupby("rank").size()})  # fmt: skip
         job.unjudged.extend(
             {"detector": KIND, "rank": int(r), "ns": int(row["sum"]),  # type: ignore[call-overload]
              "why": f"{int(row['size'])} NCCL operation{'s' if int(row['size']) > 1 else ''} ready well before the operation ahead of them on their "

@@ -31,6 +31,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,12 +86,22 @@ def export_key(path: Path, identities: Path | None = None) -> str:
                 while chunk := fh.read(_CHUNK_BYTES):
                     digest.update(chunk)
         key = digest.hexdigest()[:32]
-        if stats != [_stat_identity(p) for p in parts]:  # written while being read: not remembered
+        if stats != [_stat_identity(p) for p in parts] or _racy(stats):  # not remembered, hashed again next time
             return key
         if memo is not None:
             _remember(memo, stats, key)
     _known[str(path.resolve())] = (stats, key)
     return key
+
+
+_RACY_NS = 2_000_000_000
+
+
+def _racy(stats: list[list[int]]) -> bool:
+    """Whether a file changed so recently that a write in the same clock tick as the hash would
+    leave its stat identity as it is (file times come from a coarse clock: milliseconds, or seconds
+    on some file systems); git's "racy" rule. Such a hash is not remembered."""
+    return time.time_ns() - max(max(s[3], s[4]) for s in stats) < _RACY_NS
 
 
 def _remembered(memo: Path, stats: list[list[int]]) -> str | None:

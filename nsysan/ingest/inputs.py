@@ -20,8 +20,8 @@ EXPORT_SUFFIXES = (".sqlite", ".db", ".sqlite3")
 def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] | None = None) -> list[Path]:
     """Files as given, directories as the exports inside them, globs expanded; order kept. A raw
     report (``.nsys-rep``) stands for its SQLite export, made with nsys once
-    (:mod:`nsysan.ingest.raw_reports`); in a directory, only one with no ``.sqlite`` of the same name
-    beside it (nsys and ``nsysan capture`` write both).
+    (:mod:`nsysan.ingest.raw_reports`), unless a ``.sqlite`` of the same name beside it is given too
+    (nsys and ``nsysan capture`` write both; a directory or a glob names both).
 
     Inside a directory only regular files count: a FIFO, device or socket named ``x.sqlite``
     would block or stream forever, so it is skipped and a note appended to ``skipped``. A path
@@ -36,7 +36,7 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
             stems = {p.stem for p in named}
             raw = [p for p in path.iterdir() if p.suffix.lower() in RAW_SUFFIXES and p.stem not in stems]
             named = sorted(named + [p for p in raw if p.is_file()])
-            found = [sqlite_of(p) if is_raw(p) else p for p in named if p.is_file()]
+            found = [p for p in named if p.is_file()]
             if skipped is not None:
                 skipped.extend(f"{p}: skipped, not a regular file" for p in named if not p.is_file())
             if not found:
@@ -47,10 +47,13 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
             if not matched:
                 raise InputError(f"{text}: pattern matches no files")
             paths.extend(expand_inputs(matched, skipped))
-        elif is_raw(path) and path.is_file():
-            paths.append(sqlite_of(path))
         else:
             paths.append(path)
+    # a capture's report beside its own export, both named (a glob over run directories): the
+    # export is read, the report not exported again as a second copy of the same ranks
+    exported = {(p.parent.resolve(), p.stem) for p in paths if not is_raw(p)}
+    paths = [p for p in paths if not (is_raw(p) and (p.parent.resolve(), p.stem) in exported)]
+    paths = [sqlite_of(p) if is_raw(p) and p.is_file() else p for p in paths]
     seen: set[Path] = set()
     unique = []
     for p in paths:

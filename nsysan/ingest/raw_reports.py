@@ -4,8 +4,9 @@ nsys on this machine, as a user would run ``nsys export --type sqlite`` by hand.
 The export never goes beside the report (its directory may be read-only, or shared): it goes to
 ``$XDG_CACHE_HOME/nsysan/exports/KEY/NAME.sqlite`` (``~/.cache/...``), KEY a hash of the report's
 bytes and of the nsys binary that exported it, so a second look at the same report exports nothing and a
-newer nsys exports it again. With the cache off (``--no-cache``, ``NSYSAN_CACHE=0``) it goes to a
-temporary directory removed when the process ends. A ``.qdstrm`` (a capture nsys never finished
+newer nsys exports it again. With the cache off (``--no-cache``, ``NSYSAN_CACHE=0``), and for a
+library caller that configured nothing, it goes to a temporary directory removed when the process
+ends. A ``.qdstrm`` (a capture nsys never finished
 importing) cannot be exported and is refused with what to run.
 """
 
@@ -28,8 +29,9 @@ RAW_SUFFIXES = (".nsys-rep", ".qdrep")
 UNFINISHED_SUFFIX = ".qdstrm"
 _CHUNK = 1 << 20
 
-# None: nsysan's cache directory (the default); a Path: that directory; False: a temporary one
-_where: Path | bool | None = None
+# a Path: that directory (the CLI's cache); False (a library caller that configured nothing): a
+# temporary one, so that a read writes nothing lasting unless asked, as with the frame cache
+_where: Path | bool = False
 _temporary: Path | None = None
 # this process's exports: {(resolved report, its stat identity): the .sqlite}
 _done: dict[tuple[str, tuple[int, ...]], Path] = {}
@@ -37,9 +39,9 @@ _done: dict[tuple[str, tuple[int, ...]], Path] = {}
 
 def configure(directory: Path | None, *, cached: bool = True) -> None:
     """Where exports go: ``directory`` (None: ``$XDG_CACHE_HOME/nsysan/exports``), or with
-    ``cached=False`` a temporary directory removed at exit."""
+    ``cached=False`` a temporary directory removed at exit (also where nothing was configured)."""
     global _where
-    _where = directory if cached else False
+    _where = (directory or exports_dir()) if cached else False
 
 
 def is_raw(path: Path) -> bool:
@@ -103,7 +105,7 @@ def _entries(folder: Path) -> list[Path]:
 
 def exports_info(folder: Path) -> tuple[int, int]:
     """(exported reports, bytes) kept in ``folder``."""
-    files = [f for e in _entries(folder) for f in e.glob("*.sqlite")]
+    files = [f for e in _entries(folder) for f in e.glob("*.sqlite") if not f.name.startswith(".")]  # not partial
     return len(files), sum(f.stat().st_size for f in files)
 
 
