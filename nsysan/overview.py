@@ -169,7 +169,8 @@ def _gpu_activity(trace: Trace) -> pd.DataFrame:
     parts = [f[cols] for f in (_kernels(trace), trace.memcpy, trace.memset) if len(f)]
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
-    return pd.concat(parts, ignore_index=True).dropna(subset=["device"])
+    activity = pd.concat(parts, ignore_index=True).dropna(subset=["device"])
+    return activity[activity["device"] >= 0]  # -1: the identity nsys writes for "no device", not a GPU
 
 
 DEVICE_COLUMNS = ["export", "device", "ranks", "kernels", "kernel_ns", "busy_ns", "span_ns", "busy_pct"]
@@ -299,6 +300,7 @@ def _export_part(trace: Trace) -> pd.DataFrame:
     true_m = pd.Series(True, index=m.index)
     true_v = pd.Series(True, index=v.index)
     used = [f[["export", "device"]].dropna().astype("int64") for f in (k, m) if len(f)]
+    used = [u[u["device"] >= 0] for u in used]  # -1: nsys's "no device"
     pairs = pd.concat(used).drop_duplicates().sort_values(["export", "device"]) if used else None
     devices = pairs.groupby("export")["device"].agg(list) if pairs is not None and len(pairs) else pd.Series()
     counts = {

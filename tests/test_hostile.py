@@ -398,3 +398,12 @@ def test_a_read_past_the_time_limit_is_stopped_with_one_line(tmp_path, monkeypat
         assert out.returncode == 2 and out.stderr.splitlines() == [
             f"nsysan: error: NSYSAN_QUERY_TIME_LIMIT={bad!r}: give a number of seconds greater than 0"
         ], out.stderr
+
+
+@pytest.mark.parametrize("table", ["CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_MEMCPY"])
+def test_copies_on_device_minus_one_make_no_device_row(tmp_path, table):
+    """deviceId -1 is nsys's identity for "no device" (the 1,000-case fuzz run, seed 20261130, case
+    87: memsets of the real 2x H100 export set to -1 put a device -1 in the device table)."""
+    doc = report(damaged(tmp_path, f"UPDATE {table} SET deviceId = -1"))
+    assert impossible_figures(doc) == []
+    assert all(d["device"] >= 0 for d in doc["summary"]["devices"])
