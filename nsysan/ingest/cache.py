@@ -40,13 +40,13 @@ from typing import Any, BinaryIO, TypeVar, cast
 
 import pandas as pd
 
+from nsysan.ingest.cache_home import KEY_CHARS, cache_home, hash_file, is_key
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.snapshot import journal_files
 
 # Bump whenever a reader's output changes (a column, a dtype, a rule on dropped rows): entries
 # written by another version are never read.
 READER_VERSION = "3"
-_CHUNK_BYTES = 1 << 20
 IDENTITIES = "identities"  # the remembered content hashes, beside the entries
 _META_KEY = b"nsysan"
 ENV = "NSYSAN_CACHE"
@@ -56,8 +56,7 @@ _known: dict[str, tuple[list[list[int]], str]] = {}
 
 
 def default_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "nsysan" / "frames"
+    return cache_home() / "frames"
 
 
 def _stat_identity(path: Path) -> list[int]:
@@ -76,16 +75,14 @@ def export_key(path: Path, identities: Path | None = None) -> str:
     known = _known.get(str(path.resolve()))
     if known is not None and known[0] == stats:
         return known[1]
-    memo = identities / hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32] if identities else None
+    memo = identities / hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:KEY_CHARS] if identities else None
     key = _remembered(memo, stats) if memo is not None else None
     if key is None:
         digest = hashlib.sha256(READER_VERSION.encode())
         for part in parts:
             digest.update(f" {part.stat().st_size} ".encode())
-            with part.open("rb") as fh:
-                while chunk := fh.read(_CHUNK_BYTES):
-                    digest.update(chunk)
-        key = digest.hexdigest()[:32]
+            hash_file(digest, part)
+        key = digest.hexdigest()[:KEY_CHARS]
         if stats != [_stat_identity(p) for p in parts] or _racy(stats):  # not remembered, hashed again next time
             return key
         if memo is not None:
@@ -121,7 +118,7 @@ def _remembered(memo: Path, stats: list[list[int]]) -> str | None:
             key = doc.get("key") if doc.get("stats") == stats and doc.get("version") == READER_VERSION else None
         except (OSError, ValueError, AttributeError):
             return None
-    return key if isinstance(key, str) and _is_key(key) else None
+    return key if isinstance(key, str) and is_key(key) else None
 
 
 def _remember(memo: Path, stats: list[list[int]], key: str) -> None:
@@ -135,12 +132,8 @@ def _remember(memo: Path, stats: list[list[int]], key: str) -> None:
         pass  # an unwritable cache: the hash is computed again next time, nothing else changes
 
 
-def _is_key(name: str) -> bool:
-    return len(name) == 32 and all(c in "0123456789abcdef" for c in name)
-
-
 def _is_entry(p: Path) -> bool:
-    return p.is_dir() and _is_key(p.name)
+    return p.is_dir() and is_key(p.name)
 
 
 @dataclass

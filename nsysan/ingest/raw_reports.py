@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 
 from nsysan.errors import InputError
+from nsysan.ingest.cache_home import KEY_CHARS, cache_home, hash_file, is_key
 from nsysan.nsys import NsysNotFound, find_nsys
 
 RAW_SUFFIXES = (".nsys-rep", ".qdrep")
 UNFINISHED_SUFFIX = ".qdstrm"
-_CHUNK = 1 << 20
 
 # a Path: that directory (the CLI's cache); False (a library caller that configured nothing): a
 # temporary one, so that a read writes nothing lasting unless asked, as with the frame cache
@@ -74,12 +74,10 @@ def sqlite_of(path: Path) -> Path:
     # another nsys (a new install, an upgrade) may export the same report differently: exported again
     digest = hashlib.sha256(f"{nsys.resolve()}\0{tool.st_size}\0{tool.st_mtime_ns}\0".encode())
     try:
-        with path.open("rb") as fh:
-            while chunk := fh.read(_CHUNK):
-                digest.update(chunk)
+        hash_file(digest, path)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    folder = _directory() / digest.hexdigest()[:32]
+    folder = _directory() / digest.hexdigest()[:KEY_CHARS]
     target = folder / (path.name[: -len(path.suffix)] + ".sqlite")
     if not target.is_file():
         _export(nsys, path, folder, target)
@@ -91,16 +89,13 @@ def exports_dir(cache_dir: Path | None = None) -> Path:
     """Where a cache directory given as ``--cache`` (None: the default) keeps its exports."""
     if cache_dir is not None:
         return cache_dir / "exports"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "nsysan" / "exports"
+    return cache_home() / "exports"
 
 
 def _entries(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
-    return [
-        p for p in folder.iterdir() if p.is_dir() and len(p.name) == 32 and all(c in "0123456789abcdef" for c in p.name)
-    ]
+    return [p for p in folder.iterdir() if p.is_dir() and is_key(p.name)]
 
 
 def exports_info(folder: Path) -> tuple[int, int]:
