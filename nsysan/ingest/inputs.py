@@ -32,10 +32,9 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
         text = str(item)
         path = Path(text)
         if path.is_dir():
-            named = sorted(p for p in path.iterdir() if p.suffix.lower() in EXPORT_SUFFIXES)
-            stems = {p.stem for p in named}
-            raw = [p for p in path.iterdir() if p.suffix.lower() in RAW_SUFFIXES and p.stem not in stems]
-            named = sorted(named + [p for p in raw if p.is_file()])
+            # exports, and regular raw reports (one beside its own export is dropped below)
+            named = sorted(p for p in path.iterdir() if p.suffix.lower() in EXPORT_SUFFIXES
+                           or (p.suffix.lower() in RAW_SUFFIXES and p.is_file()))  # fmt: skip
             found = [p for p in named if p.is_file()]
             if skipped is not None:
                 skipped.extend(f"{p}: skipped, not a regular file" for p in named if not p.is_file())
