@@ -21,6 +21,16 @@ def captured(utc_ns: int | None) -> str:
     return dt.datetime.fromtimestamp(utc_ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
+LONG_TEXT = 40  # characters: a cell past this (a demangled kernel name) may break anywhere
+
+
+def cell(value: Any) -> html.Td:
+    """A table cell; one holding long text (a kernel name runs to hundreds of characters with no
+    space) is marked to break anywhere, so that it, not the window, gives way. Short cells keep
+    their words whole."""
+    return html.Td(value, className="long") if isinstance(value, str) and len(value) > LONG_TEXT else html.Td(value)
+
+
 def severity_badge(severity: str) -> html.Span:
     return html.Span(severity, className=f"badge {severity}")
 

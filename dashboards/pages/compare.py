@@ -11,7 +11,7 @@ from dash import Input, Output, dcc, html
 
 from dashboards import ids
 from dashboards.comparison import compare_traces
-from dashboards.pages.common import severity_badge, where
+from dashboards.pages.common import cell, severity_badge, where
 from dashboards.server import Server
 from nsysan.diff.render import change, confidence, notes, sections
 from nsysan.errors import InputError
@@ -91,5 +91,5 @@ def _table(t: Any) -> html.Div:
     if not t.rows:
         return html.Div([html.H3(t.title), html.P(t.empty, className="hint")], className="diff-table")
     return html.Div([html.H3(t.title), html.Table([html.Thead(html.Tr([html.Th(h) for h in t.headers])),
-                                                   html.Tbody([html.Tr([html.Td(v) for v in row]) for row in t.rows])])],
+                                                   html.Tbody([html.Tr([cell(v) for v in row]) for row in t.rows])])],
                     className="diff-table")  # fmt: skip

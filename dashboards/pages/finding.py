@@ -23,7 +23,7 @@ from dash import ClientsideFunction, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards import ids
-from dashboards.pages.common import missing, severity_badge, thread, where, zoomed_figure
+from dashboards.pages.common import cell, missing, severity_badge, thread, where, zoomed_figure
 from dashboards.server import Server
 from dashboards.timeline import TimelineData, evidence_items
 from nsysan.errors import InputError
@@ -194,7 +194,7 @@ def _drawn(data: TimelineData | None, f: dict[str, Any]) -> str:
 def _evidence(data: TimelineData | None, f: dict[str, Any]) -> html.Div:
     """The evidence as readable lines (times on the timeline's clock, durations with units), and the
     raw record as stored for whoever needs the export's own numbers."""
-    rows = [html.Tr([html.Th(item["key"]), html.Td(item["text"])]) for item in evidence_items(data, f)]
+    rows = [html.Tr([html.Th(item["key"]), cell(item["text"])]) for item in evidence_items(data, f)]
     return html.Div([
         html.Table(html.Tbody(rows), className="evidence-table"),
         html.Details([html.Summary("as stored (the export's clock)"),

@@ -28,7 +28,7 @@ from dash import ALL, Input, Output, State, dcc, html
 
 from dashboards import breakdown, ids
 from dashboards.analysis import stored_steps
-from dashboards.pages.common import captured, missing, severity_badge, thread
+from dashboards.pages.common import captured, cell, missing, severity_badge, thread
 from dashboards.server import Server
 from dashboards.timeline import LANE_COLOURS, LANES, SEVERITY_COLOURS, TimelineData, evidence_items
 from nsysan.report import format as fmt
@@ -379,7 +379,7 @@ def _evidence(data: TimelineData, trace_id: int, finding: dict[str, Any] | None,
         if item["ms"] is not None:
             value = html.Button(item["text"], id={"type": EVIDENCE_TIME, "index": i}, n_clicks=0,
                                 className="evidence-time", title="zoom the timeline to this time")  # fmt: skip
-        rows.append(html.Tr([html.Th(item["key"]), html.Td(value)]))
+        rows.append(html.Tr([html.Th(item["key"]), cell(value)]))
     same = sorted((f for f in findings if finding.get("group") and f.get("group") == finding["group"]),
                   key=lambda f: (f["start_ns"], f["id"]))  # fmt: skip
     at = next((i for i, f in enumerate(same) if f["id"] == finding["id"]), None)
@@ -540,7 +540,7 @@ def _table(table: Any) -> html.Table:
     if not table.rows:
         return html.Table(html.Tbody(html.Tr(html.Td(table.empty, className="hint"))), className="summary")
     return html.Table([html.Thead(html.Tr([html.Th(h) for h in table.headers])),
-                       html.Tbody([html.Tr([html.Td(c) for c in row]) for row in table.rows])], className="summary")  # fmt: skip
+                       html.Tbody([html.Tr([cell(c) for c in row]) for row in table.rows])], className="summary")  # fmt: skip
 
 
 def _groups(trace_id: int, findings: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
@@ -555,7 +555,7 @@ def _groups(trace_id: int, findings: list[dict[str, Any]], summary: dict[str, An
         worst = findings[g["worst"]]
         ranks = sorted({findings[i]["rank"] for i in g["findings"] if findings[i].get("rank") is not None})
         rows.append(html.Tr([
-            html.Td(severity_badge(g["severity"])), html.Td(g["kind"]), html.Td(worst["title"]),
+            html.Td(severity_badge(g["severity"])), html.Td(g["kind"]), cell(worst["title"]),
             html.Td(str(g["count"]), className="count"),
             html.Td(fmt.duration(g["impact_ns"]), className="impact", **_data(value=g["impact_ns"])),
             html.Td(fmt.ranks(ranks)),
