@@ -22,6 +22,7 @@ LONG_NAME = ("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_bf16_256x128_3
 # the page's geometry: columns side by side that overlap, and boxes that run past their column or
 # the window (inside a box that scrolls or clips its content, and inside plotly's drawing, excepted)
 _GEOMETRY = """() => {
+  document.querySelectorAll("details").forEach((d) => { d.open = true; });  // folded tables count too
   const width = document.documentElement.clientWidth;
   const name = (el) => el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") +
       (el.className && typeof el.className === "string" ? "." + el.className.trim().split(/\\s+/).join(".") : "");
