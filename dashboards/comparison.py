@@ -41,7 +41,8 @@ def compare_traces(store: ReviewStore, before: int, after: int) -> Comparison:
         fixed=[g["worst"] | {"count": g["count"]} for g in f["fixed"]],
         new=[g["worst"] | {"count": g["count"]} for g in f["new"]],
         unchanged=[
-            g["worst"] | {"count": g["count"], "impact_before_ns": g["before"]["impact_ns"]} for g in f["unchanged"]
+            g["worst"] | {"count": g["count"], "impact_before_ns": g["before"]["impact_ns"], "change": g["change"]}
+            for g in f["unchanged"]
         ],
         step_ns_before=steps["before"],
         step_ns_after=steps["after"],

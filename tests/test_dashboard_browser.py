@@ -141,6 +141,9 @@ def test_compare_before_and_after_a_fix(browser, served):
     assert page.locator(".column.fixed h2").inner_text() == "Fixed (1)"
     assert "waited 4996 us" in page.locator(".column.fixed").inner_text()
     assert page.locator(".column.new h2").inner_text() == "New (0)"
+    # the launch gaps and the exposed transfers are found in both, at the same impact
+    assert page.locator(".column.unchanged h2").inner_text() == "In both (2)"
+    assert "0 better, 0 worse, 2 about the same" in page.locator(".column.unchanged").inner_text()
 
 
 def test_an_upload_that_is_not_an_export_is_refused(browser, served, tmp_path):

@@ -16,6 +16,7 @@ import pytest
 
 from fixtures.samples import sample_paths
 from nsysan.diff import confidence_greater, diff_documents, gate, load_side
+from nsysan.diff.compare import impact_change
 from nsysan.diff.render import change
 from nsysan.store import ReviewStore
 
@@ -169,6 +170,23 @@ def _finding(group: str, impact: int, **evidence: object) -> dict:
             "end_ns": impact, "impact_ns": impact, "title": f"{group} {impact}", "evidence": evidence, "advice": ""}  # fmt: skip
 
 
+def test_a_problem_found_in_both_says_whether_it_got_better_or_worse(samples, monkeypatch, capsys):
+    """A matched group whose impact moved 14x is not "unchanged" (issue 31: compare called a
+    5.1 ms -> 352 us change so): better or worse past 1.5x and 10 us, else about the same."""
+    (b, _), _ = samples
+    groups = [f"comm_compute_slowdown|rank 0|device 0|{k}|grid [1, 1, 1]|block [1, 1, 1]|nccl" for k in "abcd"]
+    before = {**b, "groups": None, "findings": [_finding(g, ns) for g, ns in zip(groups, (5_100_000, 100_000, 100_000, 5_000), strict=True)]}  # fmt: skip
+    after = {**b, "groups": None, "findings": [_finding(g, ns) for g, ns in zip(groups, (352_000, 160_000, 140_000, 14_000), strict=True)]}  # fmt: skip
+    f = diff_documents(before, after)["findings"]
+    assert {u["group"].split("|")[3]: u["change"] for u in f["unchanged"]} == {
+        "a": "better",  # 14.5x less
+        "b": "worse",  # 1.6x, 60 us more
+        "c": "same",  # 1.4x: within what two runs of one job differ by
+        "d": "same",  # 2.8x but 9 us: below any finding's weight
+    }
+    assert (impact_change(150_000, 100_000), impact_change(100_000, 150_000)) == ("better", "worse")
+
+
 def test_groups_match_by_key_then_by_evidence_not_by_kind_and_rank(samples):
     (b, _), _ = samples
     kernel = "comm_compute_slowdown|rank 0|device 0|gemm|grid [1, 1, 1]|block [1, 1, 1]|nccl"
@@ -312,7 +330,7 @@ def test_formats(fmt, samples, monkeypatch, capsys):
     _, doc = samples
     f = doc["findings"]
     marker = {"markdown": "## Kernel improvements (by total time)",
-              "html": f"<h2>Findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} unchanged (by group)",
+              "html": f"<h2>Findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} in both (",
               "terminal": f"step {change(doc['steps']['slowest'])}"}[fmt]  # fmt: skip
     code, out, _ = cli(monkeypatch, capsys, "diff", STALL, FIXED, "--format", fmt)
     assert code == 0 and marker in out

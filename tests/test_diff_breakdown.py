@@ -57,7 +57,7 @@ def by_hand(doc: dict, category: str) -> float:
 
 def test_waiting_for_peer_change_is_the_one_computed_from_the_two_documents(pair):
     b, a, doc = pair
-    assert doc["nsysan_diff_version"] == DIFF_VERSION == 2
+    assert doc["nsysan_diff_version"] == DIFF_VERSION == 3
     bd = doc["breakdown"]
     assert bd["available"] and bd["why"] == {"before": None, "after": None}
     assert bd["categories"] == list(CATEGORIES)

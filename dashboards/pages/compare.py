@@ -13,6 +13,7 @@ from dashboards import ids
 from dashboards.comparison import compare_traces
 from dashboards.pages.common import cell, severity_badge, where
 from dashboards.server import Server
+from nsysan.diff.compare import CHANGE_FACTOR, change_counts
 from nsysan.diff.render import change, confidence, notes, sections
 from nsysan.errors import InputError
 from nsysan.report.format import duration
@@ -66,8 +67,9 @@ def _result(server: Server, before: int | None, after: int | None) -> Any:
         html.Div(className="columns compare", children=[
             _column(f"Fixed ({len(c.fixed)})", "fixed", c.fixed, f"in {names[0]}, gone from {names[1]}"),
             _column(f"New ({len(c.new)})", "new", c.new, f"in {names[1]} only"),
-            _column(f"Unchanged ({len(c.unchanged)})", "unchanged", c.unchanged,
-                    "in both, matched by group and evidence (as found after)"),
+            _column(f"In both ({len(c.unchanged)})", "unchanged", c.unchanged,
+                    f"matched by group and evidence (as found after): {change_counts(c.unchanged)} (impact moved "
+                    f"{CHANGE_FACTOR:g}x or more)"),
         ]),
         *[_table(t) for t in sections(doc) if not t.title.startswith(_FINDINGS_TABLE)],
     ])  # fmt: skip
@@ -75,7 +77,8 @@ def _result(server: Server, before: int | None, after: int | None) -> Any:
 
 def _impact(f: dict[str, Any]) -> str:
     if "impact_before_ns" in f:
-        return f"impact {duration(f['impact_before_ns'])} → {duration(f['impact_ns'])}"
+        moved = {"better": "better: ", "worse": "worse: "}.get(f.get("change", "same"), "")
+        return f"{moved}impact {duration(f['impact_before_ns'])} → {duration(f['impact_ns'])}"
     return f"impact {duration(f['impact_ns'])}"
 
 

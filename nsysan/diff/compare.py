@@ -22,7 +22,7 @@ from nsysan.errors import InputError
 from nsysan.findings import Severity
 from nsysan.report.document import fold_groups
 
-DIFF_VERSION = 2  # 2: "breakdown"; finding groups' "recoverable_ns"
+DIFF_VERSION = 3  # 2: "breakdown"; finding groups' "recoverable_ns". 3: matched groups' "change"
 MIN_KERNEL_OVERLAP = 0.5  # share of each side's kernel time in signatures the other side also ran
 CONFIDENCE = 0.95  # the gate fails only on a change at least this likely to be real
 TOP_KERNELS = 10
@@ -336,6 +336,7 @@ def _findings(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
 
     unchanged = [{**brief(ga[j]), "matched_by": how, "before": brief(gb[i]), "impact": _delta(gb[i]["impact_ns"], ga[j]["impact_ns"]),
                   "recoverable": _delta(gb[i]["recoverable_ns"], ga[j]["recoverable_ns"]),
+                  "change": impact_change(gb[i]["impact_ns"], ga[j]["impact_ns"]),
                   "severity_before": gb[i]["severity"]} for i, j, how in pairs]  # fmt: skip
     return {
         "fixed": [brief(g) for i, g in enumerate(gb) if i not in matched_b],
@@ -345,6 +346,28 @@ def _findings(b: dict[str, Any], a: dict[str, Any]) -> dict[str, Any]:
         # what fixing every group would save, where each side's findings say (None: a side from before)
         "recoverable_total": _delta(_total(gb, "recoverable_ns"), _total(ga, "recoverable_ns")),
     }
+
+
+# A problem found in both captures changed when its impact moved by this factor or more (and by
+# at least CHANGE_MIN_NS): the same problem's impact varies between two runs by tens of percent
+# (which steps were captured, jitter), a 1.5x move is past that; and a 14x drop is not "unchanged".
+CHANGE_FACTOR = 1.5
+CHANGE_MIN_NS = 10_000  # the detectors' smallest impact worth a finding (10 us)
+
+
+def impact_change(before: float, after: float) -> str:
+    """``better``, ``worse`` or ``same``: how a matched finding group's impact moved."""
+    if after <= before / CHANGE_FACTOR and before - after >= CHANGE_MIN_NS:
+        return "better"
+    if after >= before * CHANGE_FACTOR and after - before >= CHANGE_MIN_NS:
+        return "worse"
+    return "same"
+
+
+def change_counts(matched: list[dict[str, Any]]) -> str:
+    """ "2 better, 1 worse, 3 about the same": the matched groups by their impact's move."""
+    counts = {c: sum(g.get("change") == c for g in matched) for c in ("better", "worse", "same")}
+    return f"{counts['better']} better, {counts['worse']} worse, {counts['same']} about the same"
 
 
 def _changed(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 import nsysan.report.format as fmt
+from nsysan.diff.compare import change_counts
 from nsysan.report.renderers import dump_json, print_table
 from nsysan.report.sections import Table
 from nsysan.report.templating import render
@@ -62,8 +63,15 @@ def headline(doc: dict[str, Any]) -> str:
     if moved is not None:
         c, d = moved
         parts.append(f"{label(c)} {change(d)} per step")
-    parts.append(f"findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} unchanged")
+    parts.append(
+        f"findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} in both "
+        f"({change_counts(f['unchanged'])})"
+    )
     return " · ".join(parts)
+
+
+# a group found in both captures, by how its impact moved (nsysan.diff.compare.impact_change)
+_STILL = {"better": "better", "worse": "worse", "same": "unchanged"}
 
 
 def label(category: str) -> str:
@@ -185,11 +193,12 @@ def sections(doc: dict[str, Any]) -> list[Table]:
 
     rows = [frow("fixed", g, gone(g["impact_ns"]), gone(g.get("recoverable_ns"))) for g in f["fixed"]]
     rows += [frow("new", g, came(g["impact_ns"]), came(g.get("recoverable_ns"))) for g in f["new"]]
-    rows += [frow("unchanged", g, change(g["impact"]) + f" (by {g['matched_by']})", moved(g.get("recoverable")))
-             for g in f["unchanged"]]  # fmt: skip
+    rows += [frow(_STILL[g.get("change", "same")], g, change(g["impact"]) + f" (by {g['matched_by']})",
+                  moved(g.get("recoverable"))) for g in f["unchanged"]]  # fmt: skip
     total = f.get("recoverable_total")
     recoverable = f" · recoverable in all {change(total)}" if moved(total) != "-" else ""
-    out.append(Table(f"Findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} unchanged (by group)"
+    out.append(Table(f"Findings: {len(f['fixed'])} fixed, {len(f['new'])} new, {len(f['unchanged'])} in both "
+                     f"({change_counts(f['unchanged'])}; by group)"
                      + recoverable, ("", "severity", "kind", "worst occurrence", "occurrences", "impact", "recoverable"),
                      rows, empty="no findings in either"))  # fmt: skip
     c = doc["capture"]
