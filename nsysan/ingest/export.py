@@ -23,8 +23,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import sqlalchemy as sa
-from sqlalchemy.pool import NullPool
 
 from nsysan.arrays import distinct
 from nsysan.errors import CorruptExportError, InputError, NotAnExportError, QueryTimeLimitError
@@ -135,10 +133,11 @@ class NsysExport:
         self._time_limit_s = query_time_limit()
         _check_sqlite_file(self.path)
         self._snapshot = open_snapshot(self.path)  # nothing written beside the file, WAL mode included
-        self._engine = sa.create_engine(f"sqlite+pysqlite:///{self._snapshot.uri}&uri=true", poolclass=NullPool)
         self._deadline = float("inf")  # when the query in progress must stop (see _start_query)
-        sa.event.listen(self._engine, "connect", self._guard)
-        self._conn: sa.Connection | None = None
+        # Python's sqlite3, not SQLAlchemy: the reads need the DBAPI connection itself (progress
+        # handler, text factory, cursors read in chunks), and SQLAlchemy's import is ~0.15 s of
+        # every command's start
+        self._conn: sqlite3.Connection | None = None
         # The Arrow reader's own read-only connection (ADBC's SQLite driver): opened on the first
         # integer read; False once it failed or is not installed (the sqlite3 path then reads).
         self._arrow_uri = self._snapshot.uri
@@ -162,21 +161,24 @@ class NsysExport:
         self._views = self.part.view_statements(self.columns_by_table)
         if self._views and self._conn is not None:
             try:
-                self._create_views(self._conn.connection.dbapi_connection)
+                self._create_views(self._conn)
             except BaseException:
                 self.close()  # the connection, and a private copy of the file if one was made
                 raise
 
     # -- connection -------------------------------------------------------------------------
 
-    def _connection(self) -> sa.Connection:
+    def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            self._conn = self._engine.connect()
+            # a reader may be opened in one thread and read in another (one at a time)
+            conn = sqlite3.connect(self._snapshot.uri, uri=True, check_same_thread=False)
+            self._guard(conn)
+            self._conn = conn
             if self._views:
-                self._create_views(self._conn.connection.dbapi_connection)
+                self._create_views(conn)
         return self._conn
 
-    def _guard(self, dbapi: Any, _record: object) -> None:
+    def _guard(self, dbapi: sqlite3.Connection) -> None:
         """Let Ctrl-C and the time limit stop any query on this sqlite3 connection: SQLite calls
         the handler every few thousand steps, Python runs a pending SIGINT handler inside it, and
         a non-zero answer (or the KeyboardInterrupt) makes SQLite stop with "interrupted"."""
@@ -192,7 +194,7 @@ class NsysExport:
             for sql in self._views:
                 cursor.execute(sql)
             cursor.close()
-        except (sa.exc.DatabaseError, sqlite3.DatabaseError) as exc:
+        except sqlite3.DatabaseError as exc:
             raise self._corrupt(exc) from None
 
     def close(self) -> None:
@@ -202,7 +204,6 @@ class NsysExport:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        self._engine.dispose()
         self._snapshot.close()
 
     def __enter__(self) -> NsysExport:
@@ -234,7 +235,7 @@ class NsysExport:
         try:
             self._start_query()
             conn = self._connection()
-            schema = conn.exec_driver_sql(
+            schema = conn.execute(
                 "SELECT type, name, tbl_name, CAST(sql AS TEXT) FROM sqlite_master WHERE type IN ('table', 'view', 'trigger')"
             ).fetchall()
             catalogue: dict[str, tuple[str, ...]] = {}
@@ -249,13 +250,13 @@ class NsysExport:
                                            "changed after export; export the report again")  # fmt: skip
                 if kind != "table" or virtual or not _IDENT.match(name):
                     continue
-                cols = conn.exec_driver_sql(f"PRAGMA table_info({name})").fetchall()
+                cols = conn.execute(f"PRAGMA table_info({name})").fetchall()
                 catalogue[name] = tuple(c[1] for c in cols)
             return catalogue
         except NotAnExportError:
             self.close()
             raise
-        except (sa.exc.DatabaseError, sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
             self.close()
             if not isinstance(exc, UnicodeDecodeError) and "decode" not in str(exc).lower():
                 raise self._corrupt(exc) from None
@@ -281,9 +282,8 @@ class NsysExport:
     def query(self, sql: str, params: tuple[object, ...] = (), *, integers: bool = False) -> pd.DataFrame:
         """Run one SELECT and return its rows as a frame, fetched in bounded chunks.
 
-        Rows come as plain tuples from the DBAPI cursor of SQLAlchemy's connection: pandas and
-        numpy build columns from tuples in C, while SQLAlchemy ``Row`` objects cost a Python probe
-        each. With ``integers=True`` (every selected value a non-NULL integer) chunks become one
+        Rows come as plain tuples from a sqlite3 cursor: pandas and numpy build columns from
+        tuples in C. With ``integers=True`` (every selected value a non-NULL integer) chunks become one
         int64 array, several times cheaper than pandas' per-column object conversion; if a value
         is not an integer after all, the query is read again the general way.
 
@@ -297,8 +297,7 @@ class NsysExport:
         if df is not None:
             return df
         try:
-            dbapi = self._connection().connection.dbapi_connection
-            assert dbapi is not None, "an open SQLAlchemy connection holds its DBAPI connection"
+            dbapi = self._connection()
             if self._replace_bad_utf8:
                 dbapi.text_factory = _lenient_text
             cursor = dbapi.cursor()
@@ -318,7 +317,7 @@ class NsysExport:
                     chunks.append(pd.DataFrame.from_records(rows, columns=names, coerce_float=False))
             finally:
                 cursor.close()
-        except (sa.exc.DatabaseError, sqlite3.DatabaseError) as exc:
+        except sqlite3.DatabaseError as exc:
             if not self._replace_bad_utf8 and "decode" in str(getattr(exc, "orig", exc)).lower():
                 # One bad byte must not cost a whole export: decode with replacement characters.
                 self._replace_bad_utf8 = True
@@ -427,8 +426,9 @@ class NsysExport:
     def scalar(self, sql: str, params: tuple[object, ...] = ()) -> object:
         try:
             self._start_query()
-            return self._connection().exec_driver_sql(sql, params).scalar()
-        except (sa.exc.DatabaseError, sqlite3.DatabaseError) as exc:
+            row = self._connection().execute(sql, params).fetchone()
+            return None if row is None else row[0]
+        except sqlite3.DatabaseError as exc:
             raise self._corrupt(exc) from None
 
     def has_rows(self, table: str | None) -> bool:
