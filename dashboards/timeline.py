@@ -12,6 +12,7 @@ the server; :meth:`TimelineData.figure` is what runs on every zoom.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -212,7 +213,10 @@ class TimelineData:
         x = np.column_stack([ms(self.start[idx]), ms(self.end[idx]), np.full(n, np.nan)]).ravel()
         y = np.repeat(np.asarray(labels, dtype=object)[self.row[idx]], 3)
         duration_us = (self.end[idx] - self.start[idx]) / 1e3
-        text = [f"{nm}<br>{d:,.1f} us" for nm, d in zip(self.names[self.name[idx]], duration_us, strict=True)]
+        # plotly draws a subset of HTML in hover labels (links, styled spans): a name is text, escaped
+        used, at = np.unique(self.name[idx], return_inverse=True)
+        names = np.asarray([html.escape(str(nm), quote=False) for nm in self.names[used]], dtype=object)
+        text = [f"{nm}<br>{d:,.1f} us" for nm, d in zip(names[at], duration_us, strict=True)]
         return go.Scattergl(
             x=x, y=y, mode="lines", line={"color": colour, "width": width}, name=name, connectgaps=False,
             hovertext=np.repeat(np.asarray(text, dtype=object), 3), hoverinfo="text",
@@ -399,7 +403,7 @@ def marker_clusters(
         more = f"<br>worst of {c['count']} occurrences, {c['impact_ns'] / 1e6:,.2f} ms in all" if c["count"] > 1 else ""
         if c["of"] > c["count"]:
             more += f"<br>the group: {c['of']} occurrences, {c['group_impact_ns'] / 1e6:,.2f} ms in all"
-        c["hover"] = f"[{c['severity']}] {f['title']}{more}"
+        c["hover"] = f"[{c['severity']}] {html.escape(f['title'], quote=False)}{more}"
         out.append(c)
     return out
 

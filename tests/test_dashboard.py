@@ -383,3 +383,25 @@ def test_the_finding_page_shows_evidence_on_the_timelines_clock_and_says_what_is
     data = server.timelines.get(trace_id)
     expected = data.ms_since_origin(data.to_job_clock(stall, ready_ns))
     assert f"{expected:,.3f} ms since first activity" in text
+
+
+def test_markup_in_a_kernel_name_is_shown_as_text_in_hover_labels(tmp_path):
+    """Plotly draws links and styled spans in hover labels: a kernel name (or a finding's title,
+    which quotes it) holding markup must show as the characters it is (issue 31 item 8)."""
+    from fixtures.exporter import ExportWriter
+
+    evil = '<a href="https://evil.example">click</a><span style="font-size:60px">big</span>'
+    w = ExportWriter(tmp_path / "markup.sqlite")
+    w.process(100, "python3")
+    w.thread(100, 100, "python3")
+    w.gpu(0)
+    w.kernel(100, 0, 7, 1000, 1100, evil, correlation=1, short_name=evil)
+    with load_trace([w.close()]) as trace:
+        data = TimelineData.from_trace(trace)
+    finding = {"id": 1, "kind": "comm_compute_slowdown", "severity": "warning", "rank": 0, "device": 0,
+               "start_ns": 1000, "end_ns": 1100, "impact_ns": 50, "title": f"{evil} 1.5x slower", "evidence": {}}  # fmt: skip
+    fig = data.figure((1000, 1100), [finding], row_detail_limit=10)
+    hovers = [str(h) for t in fig.data for h in (t.hovertext if t.hovertext is not None else [])]
+    hovers += [str(a.hovertext) for a in fig.layout.annotations]
+    assert any("&lt;a href=" in h for h in hovers), hovers
+    assert any("1.5x slower" in h for h in hovers) and not any("<a " in h or '<span style="font' in h for h in hovers)
