@@ -91,7 +91,16 @@ def load_users(path: Path | None = None, env: str | None = None) -> dict[str, st
     return users
 
 
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+def addressed_to_loopback(host: str) -> bool:
+    """Whether a request's ``Host`` (name and port) names this machine's loopback: ``localhost`` or
+    a loopback address written out (127.0.0.0/8, ``[::1]``), so a server on 127.0.0.2 answers its
+    own address. A domain name is never resolved here: one pointed at 127.0.0.1 is what DNS
+    rebinding uses, and is refused."""
+    if host.startswith("["):
+        name = host[1 : host.find("]")] if "]" in host else host
+    else:
+        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return is_loopback(name.lower())
 
 
 def install_loopback_only(server: flask.Flask) -> None:
@@ -100,9 +109,11 @@ def install_loopback_only(server: flask.Flask) -> None:
 
     @server.before_request
     def _loopback_host() -> flask.Response | None:
-        if flask.request.host.rsplit(":", 1)[0] in LOOPBACK_NAMES:
+        if addressed_to_loopback(flask.request.host):
             return None
-        return flask.Response("nsysan serves only http://127.0.0.1 or http://localhost without login", status=403)
+        return flask.Response(
+            "nsysan serves only its loopback address (http://127.0.0.1, http://localhost) without login", status=403
+        )
 
 
 def current_user() -> str | None:
