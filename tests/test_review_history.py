@@ -205,7 +205,7 @@ def test_the_export_route_and_the_findings_pages_text_filter_and_clock(tmp_path)
         assert answer.status_code == 200 and answer.mimetype == "text/csv"
         assert f'filename="review-{trace_id}-pipeline-stall.csv"' in answer.headers["Content-Disposition"]
         assert "event,ana" in answer.get_data(as_text=True)
-        for missing in (f"/traces/{trace_id}/review.xml", "/traces/99/review.json"):
+        for missing in (f"/traces/{trace_id}/review.xml", "/traces/99/review.json", f"/traces/{'9' * 30}/review.csv"):
             assert client.get(missing, headers={"Host": "127.0.0.1"}).status_code == 404
         assert (
             findings_page.matches(f, "sendrecv")

@@ -23,7 +23,7 @@ import dash
 import flask
 from dash import Input, Output, State, dash_table, dcc, html
 
-from dashboards import ids
+from dashboards import ids, security
 from dashboards.pages.common import missing, where
 from dashboards.server import Server
 from nsysan.detect import registered
@@ -154,7 +154,7 @@ def register(app: dash.Dash, server: Server) -> None:
     @app.server.route("/traces/<int:trace_id>/review.<fmt>")
     def _export(trace_id: int, fmt: str) -> flask.Response:
         """The trace's review as a file (the login and loopback checks guard it like every page)."""
-        if fmt not in review_export.FORMATS:
+        if fmt not in review_export.FORMATS or trace_id > security.MAX_ID:  # no store holds such an id
             flask.abort(404)
         try:
             review = server.store.review(trace_id)
