@@ -17,6 +17,7 @@ from __future__ import annotations
 import html
 import ipaddress
 import os
+import re
 import secrets
 import sys
 import time
@@ -96,10 +97,10 @@ def addressed_to_loopback(host: str) -> bool:
     a loopback address written out (127.0.0.0/8, ``[::1]``), so a server on 127.0.0.2 answers its
     own address. A domain name is never resolved here: one pointed at 127.0.0.1 is what DNS
     rebinding uses, and is refused."""
-    if host.startswith("["):
-        name = host[1 : host.find("]")] if "]" in host else host
-    else:
-        name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    bracketed = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::\d+)?", host)  # [IPv6] or [IPv6]:port, nothing else
+    if bracketed:
+        return is_loopback(bracketed.group(1))
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
     return is_loopback(name.lower())
 
 

@@ -346,7 +346,8 @@ def test_without_login_only_loopback_host_names_are_answered(server):
     # a server started on another loopback address answers it (issue 31: 127.0.0.2 refused everything)
     for host in ("127.0.0.2:8050", "[::1]:8050", "[::1]", "LOCALHOST:8050"):
         assert client.get("/", headers={"Host": host}).status_code == 200, host
-    for host in ("attacker.example:8050", "127.0.0.1.attacker.example", "10.0.0.1:8050", "[::2]:8050"):
+    for host in ("attacker.example:8050", "127.0.0.1.attacker.example", "10.0.0.1:8050", "[::2]:8050", "[::1]evil.example",
+                 "[::1]@evil.example", "[::1]:80:90"):  # fmt: skip
         refused = client.get("/", headers={"Host": host})  # DNS rebinding to 127.0.0.1, or not loopback
         assert refused.status_code == 403 and b"without login" in refused.data, host
 

@@ -82,6 +82,7 @@ def test_a_300_character_kernel_name_runs_over_nothing(browser, tmp_path, width)
         seen = {}
         page.goto(f"{s.url}/traces/{ids['long-names']}")
         page.get_by_text(LONG_NAME[:60]).first.wait_for()
+        page.locator("#timeline .js-plotly-plot").wait_for(timeout=60_000)  # measured with its timeline drawn
         seen["trace"] = page.evaluate(_GEOMETRY)
         page.goto(f"{s.url}/traces/{ids['long-names']}/findings")
         page.get_by_text(LONG_NAME[:60]).first.wait_for()
@@ -94,4 +95,5 @@ def test_a_300_character_kernel_name_runs_over_nothing(browser, tmp_path, width)
         page.locator("#step-change").wait_for()
         assert LONG_NAME[:60] in page.inner_text("main")
         seen["compare"] = page.evaluate(_GEOMETRY)
+        page.close()
         assert seen == {"trace": [], "findings": [], "finding": [], "compare": []}

@@ -13,7 +13,7 @@ from dashboards import ids
 from dashboards.comparison import compare_traces
 from dashboards.pages.common import cell, severity_badge, where
 from dashboards.server import Server
-from nsysan.diff.compare import CHANGE_FACTOR, change_counts
+from nsysan.diff.compare import CHANGE_FACTOR, CHANGE_MIN_NS, change_counts
 from nsysan.diff.render import change, confidence, notes, sections
 from nsysan.errors import InputError
 from nsysan.report.format import duration
@@ -68,8 +68,8 @@ def _result(server: Server, before: int | None, after: int | None) -> Any:
             _column(f"Fixed ({len(c.fixed)})", "fixed", c.fixed, f"in {names[0]}, gone from {names[1]}"),
             _column(f"New ({len(c.new)})", "new", c.new, f"in {names[1]} only"),
             _column(f"In both ({len(c.unchanged)})", "unchanged", c.unchanged,
-                    f"matched by group and evidence (as found after): {change_counts(c.unchanged)} (impact moved "
-                    f"{CHANGE_FACTOR:g}x or more)"),
+                    f"matched by group and evidence (as found after): {change_counts(c.unchanged)} (better or worse: "
+                    f"impact moved {CHANGE_FACTOR:g}x or more and by {CHANGE_MIN_NS // 1000} us or more)"),
         ]),
         *[_table(t) for t in sections(doc) if not t.title.startswith(_FINDINGS_TABLE)],
     ])  # fmt: skip

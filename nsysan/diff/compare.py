@@ -366,7 +366,7 @@ def impact_change(before: float, after: float) -> str:
 
 def change_counts(matched: list[dict[str, Any]]) -> str:
     """ "2 better, 1 worse, 3 about the same": the matched groups by their impact's move."""
-    counts = {c: sum(g.get("change") == c for g in matched) for c in ("better", "worse", "same")}
+    counts = {c: sum(g.get("change", "same") == c for g in matched) for c in ("better", "worse", "same")}
     return f"{counts['better']} better, {counts['worse']} worse, {counts['same']} about the same"
 
 

@@ -24,7 +24,8 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
     (nsys and ``nsysan capture`` write both; a directory or a glob names both).
 
     Inside a directory only regular files count: a FIFO, device or socket named ``x.sqlite``
-    would block or stream forever, so it is skipped and a note appended to ``skipped``. A path
+    would block or stream forever, so it is skipped and a note appended to ``skipped`` (and a
+    regular ``x.nsys-rep`` beside it is then exported, as it has no export beside it). A path
     given by name is kept whatever it is; opening it refuses what is not a regular file.
     """
     paths: list[Path] = []
