@@ -170,7 +170,12 @@ def _gpu_activity(trace: Trace) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in cols})
     activity = pd.concat(parts, ignore_index=True).dropna(subset=["device"])
-    return activity[activity["device"] >= 0]  # -1: the identity nsys writes for "no device", not a GPU
+    return _on_a_gpu(activity)
+
+
+def _on_a_gpu(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows on a GPU: nsys writes device -1 for "no device"."""
+    return frame[frame["device"] >= 0]
 
 
 DEVICE_COLUMNS = ["export", "device", "ranks", "kernels", "kernel_ns", "busy_ns", "span_ns", "busy_pct"]
@@ -300,7 +305,7 @@ def _export_part(trace: Trace) -> pd.DataFrame:
     true_m = pd.Series(True, index=m.index)
     true_v = pd.Series(True, index=v.index)
     used = [f[["export", "device"]].dropna().astype("int64") for f in (k, m) if len(f)]
-    used = [u[u["device"] >= 0] for u in used]  # -1: nsys's "no device"
+    used = [_on_a_gpu(u) for u in used]
     pairs = pd.concat(used).drop_duplicates().sort_values(["export", "device"]) if used else None
     devices = pairs.groupby("export")["device"].agg(list) if pairs is not None and len(pairs) else pd.Series()
     counts = {

@@ -40,7 +40,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 
 import pandas as pd
 
-from nsysan.ingest.cache_home import KEY_CHARS, cache_home, hash_file, is_key
+from nsysan.ingest.cache_home import KEY_CHARS, cache_home, hash_file, is_entry, is_key
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.snapshot import journal_files
 
@@ -132,10 +132,6 @@ def _remember(memo: Path, stats: list[list[int]], key: str) -> None:
         pass  # an unwritable cache: the hash is computed again next time, nothing else changes
 
 
-def _is_entry(p: Path) -> bool:
-    return p.is_dir() and is_key(p.name)
-
-
 @dataclass
 class CacheInfo:
     location: Path
@@ -156,14 +152,14 @@ class FrameCache:
     # -- maintenance ------------------------------------------------------------------------
 
     def info(self) -> CacheInfo:
-        entries = [p for p in self.directory.iterdir() if _is_entry(p)] if self.directory.is_dir() else []
+        entries = [p for p in self.directory.iterdir() if is_entry(p)] if self.directory.is_dir() else []
         files = [f for e in entries for f in e.iterdir() if f.is_file()]
         return CacheInfo(self.directory, len(entries), len(files), sum(f.stat().st_size for f in files))
 
     def clear(self) -> tuple[int, int]:
         """Remove every entry (only nsysan's entry directories): (removed, left), the entries that
         are still there afterwards (a read-only directory) counted apart, never as removed."""
-        entries = [p for p in self.directory.iterdir() if _is_entry(p)] if self.directory.is_dir() else []
+        entries = [p for p in self.directory.iterdir() if is_entry(p)] if self.directory.is_dir() else []
         for entry in entries:
             shutil.rmtree(entry, ignore_errors=True)
         shutil.rmtree(self.directory / IDENTITIES, ignore_errors=True)

@@ -32,3 +32,8 @@ def hash_file(digest: _Digest, path: Path) -> None:
 def is_key(name: str) -> bool:
     """Whether ``name`` is an entry's name (so clearing a cache removes only entries)."""
     return len(name) == KEY_CHARS and all(c in "0123456789abcdef" for c in name)
+
+
+def is_entry(path: Path) -> bool:
+    """Whether ``path`` is an entry folder of either cache."""
+    return path.is_dir() and is_key(path.name)

@@ -216,7 +216,7 @@ class NsysExport:
         """What a database error while reading means to the user. "interrupted" is the progress
         handler's doing: the time limit when it has passed, otherwise Ctrl-C (the sqlite3 module
         swallows the KeyboardInterrupt raised inside the handler, so it is raised again here)."""
-        reason = str(getattr(exc, "orig", exc)).splitlines()[0]
+        reason = str(exc).splitlines()[0]
         if reason == "interrupted":
             if time.monotonic() <= self._deadline:
                 raise KeyboardInterrupt
@@ -318,7 +318,7 @@ class NsysExport:
             finally:
                 cursor.close()
         except sqlite3.DatabaseError as exc:
-            if not self._replace_bad_utf8 and "decode" in str(getattr(exc, "orig", exc)).lower():
+            if not self._replace_bad_utf8 and "decode" in str(exc).lower():
                 # One bad byte must not cost a whole export: decode with replacement characters.
                 self._replace_bad_utf8 = True
                 self.dropped[("", "Text with bytes that are not UTF-8 is shown with replacement characters")] = 1

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from nsysan.errors import InputError
-from nsysan.ingest.cache_home import KEY_CHARS, cache_home, hash_file, is_key
+from nsysan.ingest.cache_home import KEY_CHARS, cache_home, hash_file, is_entry
 from nsysan.nsys import NsysNotFound, find_nsys
 
 RAW_SUFFIXES = (".nsys-rep", ".qdrep")
@@ -95,7 +95,7 @@ def exports_dir(cache_dir: Path | None = None) -> Path:
 def _entries(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
-    return [p for p in folder.iterdir() if p.is_dir() and is_key(p.name)]
+    return [p for p in folder.iterdir() if is_entry(p)]
 
 
 def exports_info(folder: Path) -> tuple[int, int]:
