@@ -33,6 +33,11 @@ FILTER_RANK = "filter-rank"
 FILTER_TEXT = "filter-text"  # title, kind, group key or kernel text
 OCCURRENCES = "occurrences"  # a headline's occurrences, shown when its row is clicked
 OCCURRENCES_TABLE = "occurrences-table"
+GROUP_STATUS = "group-status"  # triage of the listed occurrences in one action
+GROUP_ASSIGNEE = "group-assignee"
+GROUP_APPLY = "group-apply"
+GROUP_VERSIONS = "group-versions"  # {finding id: version} as listed, so a concurrent edit is not overwritten
+GROUP_MESSAGE = "group-message"
 
 # finding detail and review
 FINDING_ID = "finding-id"

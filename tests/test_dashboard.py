@@ -330,8 +330,11 @@ def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
     }
     listing = call({"output": f"{ids.OCCURRENCES}.children", "outputs": {"id": ids.OCCURRENCES, "property": "children"},
                     "inputs": [cell], "state": [*filters, text, trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.active_cell"]})  # fmt: skip
-    heading, occurrences = listing[ids.OCCURRENCES]["children"]["props"]["children"]
+    heading, triage, occurrences = listing[ids.OCCURRENCES]["children"]["props"]["children"]
     assert heading["props"]["children"].startswith("3 occurrences of comm_compute_slowdown")
+    versions, *_, button, _message = triage["props"]["children"]  # the group's triage form, its versions as listed
+    assert versions["props"]["data"] == {"1": 1, "2": 1, "3": 1}
+    assert button["props"]["children"] == "Set all 3 occurrences"
     assert [r["title"].rsplit("(", 1)[1] for r in occurrences["props"]["data"]] == [
         f"/findings/{i})" for i in (3, 2, 1)
     ]

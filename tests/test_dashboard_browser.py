@@ -3,6 +3,7 @@ Playwright. Skips on a machine without them; CI (tests/run.sh installs both) fai
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import urllib.error
@@ -105,6 +106,37 @@ def test_review_a_finding_and_see_it_persist(browser, served, tmp_path):
     page.click("#filter-status")
     page.get_by_role("option", name="open").click()
     page.locator("#findings-table").get_by_text("nccl_ordering_stall").wait_for(state="detached")
+
+
+def test_a_group_is_triaged_in_one_action(browser, served):
+    """Status and assignee set on all four occurrences of the sample's exposed-communication group
+    at once, each recorded in its own thread (issue 31 item 5)."""
+    page = browser.new_page()
+    page.goto(served.url)
+    _ready(page, "pipeline-stall")
+    page.get_by_role("link", name="pipeline-stall", exact=True).click()
+    page.get_by_role("link", name="findings table").click()
+    trace_id = int(page.url.split("/traces/")[1].split("/")[0])
+    page.locator("#findings-table td", has_text="exposed_communication").first.click()
+    apply = page.locator("#group-apply")
+    apply.wait_for()
+    assert apply.inner_text() == "Set all 4 occurrences"
+    page.click("#group-status")
+    page.get_by_role("option", name="confirmed").click()
+    page.fill("#group-assignee", "dana")
+    apply.click()
+    done = page.locator(".triaged")
+    done.wait_for()
+    assert done.inner_text() == "Set status confirmed and assigned to dana on 4 occurrences."
+    assert page.locator("#occurrences-table td", has_text="confirmed").count() == 4
+    headline = page.locator("#findings-table tr", has=page.locator("td", has_text="exposed_communication"))
+    assert "confirmed" in headline.inner_text() and "dana" in headline.inner_text()
+    page.close()
+    with urllib.request.urlopen(f"{served.url}/traces/{trace_id}/review.json") as answer:
+        review = json.load(answer)
+    group = [f for f in review["findings"] if f["group"] == "exposed_communication"]
+    assert [(f["status"], f["assignee"]) for f in group] == [("confirmed", "dana")] * 4
+    assert all(sorted(e["field"] for e in f["thread"] if e["kind"] == "event") == ["assignee", "status"] for f in group)
 
 
 def test_a_stale_edit_is_refused_with_a_clear_message(browser, served):

@@ -99,6 +99,29 @@ def test_review_edits_comments_and_notes_persist(store):
         again.comment(10_000, "ada", "x")
 
 
+def test_a_group_is_triaged_in_one_action_without_overwriting_a_concurrent_edit(store):
+    trace_id = _analysed(store, "pipeline-stall")
+    group = [f for f in store.findings(trace_id) if f["group"] == "exposed_communication"]
+    assert len(group) == 4
+    listed = {f["id"]: f["version"] for f in group}
+    first, second, third, fourth = sorted(listed)
+    # since the reviewer listed them, bob saved one and another already has the wanted status
+    store.update_finding(second, based_on_version=listed[second], assignee="bob", author="bob")
+    store.update_finding(third, based_on_version=listed[third], status="confirmed", author="ana")
+    listed[third] += 1  # ana's own page reloaded it
+    done = store.update_findings(listed, status="confirmed", assignee="ana", author="ana")
+    assert done == {"changed": [first, third, fourth], "unchanged": [], "stale": [second]}
+    after = {f["id"]: f for f in store.findings(trace_id) if f["id"] in listed}
+    assert [(after[i]["status"], after[i]["assignee"]) for i in (first, second, third, fourth)] == [
+        ("confirmed", "ana"), ("open", "bob"), ("confirmed", "ana"), ("confirmed", "ana")]  # fmt: skip
+    events = store.finding(first)["events"]
+    assert {(e["field"], e["to"], e["author"]) for e in events} == {("status", "confirmed", "ana"),
+                                                                         ("assignee", "ana", "ana")}  # fmt: skip
+    assert [e["field"] for e in store.finding(third)["events"]] == ["status", "assignee"]  # the status once
+    again = store.update_findings({i: after[i]["version"] for i in (first, fourth)}, status="confirmed")
+    assert again == {"changed": [], "unchanged": [first, fourth], "stale": []}
+
+
 def test_two_concurrent_edits_of_one_finding(store):
     trace_id = _analysed(store, "overlap-slowdown")
     finding = store.findings(trace_id)[0]  # the largest of the slowdown's episodes

@@ -59,6 +59,11 @@ def _entry(e: dict[str, Any], kind: str) -> html.Li:
     return html.Li([html.B(e["author"]), f" · {when}: ", e["body"]], className=kind)
 
 
+def login_on(server: Server) -> bool:
+    """Whether the server has users (login on); a stand-in server without them has none."""
+    return bool(getattr(server, "users", None))
+
+
 def missing(what: str) -> html.Div:
     return html.Div(html.P(what, className="error"))
 

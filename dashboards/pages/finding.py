@@ -23,7 +23,7 @@ from dash import ClientsideFunction, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards import ids
-from dashboards.pages.common import cell, missing, severity_badge, thread, where, zoomed_figure
+from dashboards.pages.common import cell, login_on, missing, severity_badge, thread, where, zoomed_figure
 from dashboards.server import Server
 from dashboards.timeline import TimelineData, evidence_items
 from nsysan.errors import InputError
@@ -96,7 +96,7 @@ def register(app: dash.Dash, server: Server) -> None:
         try:
             before = server.store.review_state(finding_id)["version"]
             # with login, only the server's users (or the assignee it already has, from before)
-            known = not _login(server) or not assignee or assignee in server.users
+            known = not login_on(server) or not assignee or assignee in server.users
             if not known and assignee != (server.store.review_state(finding_id)["assignee"] or ""):
                 raise InputError(f"{assignee!r} is not a user of this server")
             new_version = server.store.update_finding(finding_id, based_on_version=version, status=status,
@@ -223,19 +223,14 @@ def _same(state: dict[str, Any], seen: dict[str, Any]) -> bool:
     return all(state[k] == seen.get(k) for k in ("version", "comments", "events"))
 
 
-def _login(server: Server) -> bool:
-    """Whether the server has users (login on); a stand-in server without them has none."""
-    return bool(getattr(server, "users", None))
-
-
 def _assignee(server: Server, current: str | None) -> Any:
     """With login on, a choice of the server's users (and the current assignee, if no longer one);
     without, free text."""
-    if not _login(server):
+    if not login_on(server):
         return dcc.Input(id=ids.ASSIGNEE, value=current or "", className="text")
     names = sorted(set(server.users) | ({current} if current else set()))
     return dcc.Dropdown(id=ids.ASSIGNEE, options=names, value=current, clearable=True, placeholder="nobody")
 
 
 def _assignee_value(server: Server, current: str | None) -> str | None:
-    return current if _login(server) else (current or "")
+    return current if login_on(server) else (current or "")

@@ -1,6 +1,7 @@
 """A trace's findings, one row per problem: findings that share a group key (episodes of one
 problem) fold into one headline with their count, total impact and worst occurrence; clicking a
-headline lists its occurrences. Filter by kind, severity, status and rank, and by text (title, kind,
+headline lists its occurrences, with a form that sets the status and assignee of all of them at once
+(triage by group; each occurrence keeps its own thread). Filter by kind, severity, status and rank, and by text (title, kind,
 group key, kernel and other evidence); sort by any column (severity by rank, critical first, not
 alphabetically). "when" is an occurrence's start on the timeline's clock: ms since the trace's first
 activity, as the overview's axis shows it (the worst occurrence's, for a headline).
@@ -22,12 +23,13 @@ from typing import Any
 import dash
 import flask
 from dash import Input, Output, State, dash_table, dcc, html
+from dash.exceptions import PreventUpdate
 
 from dashboards import ids, security
-from dashboards.pages.common import missing, where
+from dashboards.pages.common import login_on, missing, where
 from dashboards.server import Server
 from nsysan.detect import registered
-from nsysan.errors import NsysanError
+from nsysan.errors import InputError, NsysanError
 from nsysan.report.document import SEVERITY_RANK, fold_groups
 from nsysan.report.format import duration
 from nsysan.store import FINDING_STATUSES, NotFound
@@ -149,7 +151,42 @@ def register(app: dash.Dash, server: Server) -> None:
         members = [f for f in found if group_id(f) == key]
         if not members:
             return html.P(_PICK, className="hint")
-        return occurrences(members, clock(server, trace_id))
+        return occurrences(members, clock(server, trace_id), triage=_triage_form(server, members))
+
+    @app.callback(Output(ids.OCCURRENCES, "children", allow_duplicate=True),
+                  Output(ids.FINDINGS_TABLE, "data", allow_duplicate=True),
+                  Input(ids.GROUP_APPLY, "n_clicks"), State(ids.GROUP_STATUS, "value"),
+                  State(ids.GROUP_ASSIGNEE, "value"), State(ids.GROUP_VERSIONS, "data"),
+                  *(State(key, "value") for key in FILTERS), State(ids.FILTER_TEXT, "value"),
+                  State(ids.FINDINGS_TABLE, "sort_by"), State(ids.TRACE_ID, "data"), State(ids.AUTHOR, "value"),
+                  prevent_initial_call=True)  # fmt: skip
+    def _triage(n: int | None, status: str | None, assignee: str | None, versions: dict[str, int] | None,
+                kind: str | None, severity: str | None, wanted_status: str | None, rank: int | None,
+                text: str | None, sort_by: list[dict[str, str]] | None, trace_id: int, author: str | None) -> Any:  # fmt: skip
+        if not n or not versions:
+            raise PreventUpdate
+        assignee = (assignee or "").strip() or None  # blank: the assignees stay as they are
+        listed = {int(k): int(v) for k, v in versions.items()}
+        try:
+            if status is None and assignee is None:
+                raise InputError("choose a status or an assignee to set")
+            if assignee is not None and login_on(server) and assignee not in server.users:
+                raise InputError(f"{assignee!r} is not a user of this server")
+            done = server.store.update_findings(listed, status=status, assignee=assignee, author=server.author(author))
+            message = html.P(
+                _triaged(done, status, assignee), className="ok triaged" if not done["stale"] else "error stale"
+            )
+        except InputError as exc:
+            message = html.P(f"Not saved: {exc}", className="error")
+        found = _filtered(server, trace_id, kind, severity, wanted_status, rank, text)
+        when = clock(server, trace_id)
+        members = [f for f in server.store.findings(trace_id, include_missing=True) if f["id"] in listed]
+        panel = (
+            occurrences(members, when, triage=_triage_form(server, members, message))
+            if members
+            else html.P(_PICK, className="hint")
+        )
+        return panel, sort_rows(headlines(found, when), sort_by or [])
 
     @app.server.route("/traces/<int:trace_id>/review.<fmt>")
     def _export(trace_id: int, fmt: str) -> flask.Response:
@@ -252,8 +289,9 @@ def sort_rows(rows: list[dict[str, Any]], sort_by: list[dict[str, str]]) -> list
     return rows
 
 
-def occurrences(members: list[dict[str, Any]], when: Clock | None = None) -> html.Div:
-    """A group's occurrences, largest impact first, each linked to its finding."""
+def occurrences(members: list[dict[str, Any]], when: Clock | None = None, triage: Any = None) -> html.Div:
+    """A group's occurrences, largest impact first, each linked to its finding; ``triage``: the form
+    that sets them all (:func:`_triage_form`)."""
     shared = {k: _common(m[k] for m in members) for k in ("rank", "device", "pid")}
     place = f" on {where(shared)}" if any(v is not None for v in shared.values()) else ""
     total = sum(m["impact_ns"] for m in members)
@@ -265,9 +303,40 @@ def occurrences(members: list[dict[str, Any]], when: Clock | None = None) -> htm
     return html.Div([
         html.H2(f"{len(members)} occurrence{'s' if len(members) != 1 else ''} of {members[0]['kind']}{place} "
                 f"· {duration(total)} in all{'' if present(members[0]) else f' · {MISSING}'}"),
+        *([triage] if triage is not None else []),
         dash_table.DataTable(id=ids.OCCURRENCES_TABLE, columns=OCCURRENCE_COLUMNS, data=rows, sort_action="native",
                              page_size=50, style_data_conditional=[_MISSING_STYLE], **_TABLE_STYLE),
     ])  # fmt: skip
+
+
+def _triage_form(server: Server, members: list[dict[str, Any]], message: Any = None) -> html.Div:
+    """Status and assignee for every listed occurrence at once (a group of 16-83 episodes is one
+    problem). The versions as listed go with it: an occurrence someone saved since is left alone."""
+    n = len(members)
+    if login_on(server):
+        who: Any = dcc.Dropdown(id=ids.GROUP_ASSIGNEE, options=sorted(server.users), placeholder="assignee: unchanged",
+                                clearable=True)  # fmt: skip
+    else:
+        who = dcc.Input(id=ids.GROUP_ASSIGNEE, placeholder="assignee: unchanged", className="text")
+    return html.Div(className="group-triage", children=[
+        dcc.Store(id=ids.GROUP_VERSIONS, data={str(m["id"]): m["version"] for m in members}),
+        html.Label(["Status", dcc.Dropdown(id=ids.GROUP_STATUS, options=list(FINDING_STATUSES),
+                                           placeholder="status: unchanged", clearable=True)]),
+        html.Label(["Assignee", who]),
+        html.Button(f"Set all {n} occurrence{'s' if n != 1 else ''}", id=ids.GROUP_APPLY, n_clicks=0),
+        html.Div(message, id=ids.GROUP_MESSAGE),
+    ])  # fmt: skip
+
+
+def _triaged(done: dict[str, list[int]], status: str | None, assignee: str | None) -> str:
+    what = " and ".join(x for x in (status and f"status {status}", assignee and f"assigned to {assignee}") if x)
+    parts = [f"Set {what} on {len(done['changed'])} occurrence{'s' if len(done['changed']) != 1 else ''}"]
+    if done["unchanged"]:
+        parts.append(f"{len(done['unchanged'])} had it already")
+    if done["stale"]:
+        ids_ = ", ".join(f"#{i}" for i in done["stale"])
+        parts.append(f"not changed, because someone else saved them since you listed them: {ids_} (open them to look)")
+    return "; ".join(parts) + "."
 
 
 def _common(values: Any) -> Any:

@@ -293,6 +293,11 @@ class ReviewStore:
         already has these values) writes nothing and keeps the version, whatever version it was
         based on. Refuses a stale edit: one that would change a finding someone else saved since
         ``based_on_version``."""
+        return self._update(finding_id, based_on_version, status, assignee, author)[0]
+
+    def _update(self, finding_id: int, based_on_version: int, status: str | None, assignee: str | None,
+                author: str) -> tuple[int, bool]:  # fmt: skip
+        """:meth:`update_finding`'s work: (the version after it, whether anything changed)."""
         wanted: dict[str, Any] = {}
         if status is not None:
             if status not in FINDING_STATUSES:
@@ -311,7 +316,7 @@ class ReviewStore:
                 raise NotFound(f"no finding {finding_id}")
             changes = {k: v for k, v in wanted.items() if getattr(current, k) != v}
             if not changes:
-                return int(current.version)  # nothing to save: no event, no new version
+                return int(current.version), False  # nothing to save: no event, no new version
             if current.version == based_on_version:
                 # one statement: compare-and-set on the version, atomic in SQLite and PostgreSQL alike;
                 # the values read above are those of this version, so they are the events' "from"
@@ -329,7 +334,7 @@ class ReviewStore:
                                                 field=k, old_value=getattr(current, k), new_value=v,
                                                 version=based_on_version + 1, created_at=now)
                               for k, v in changes.items())  # fmt: skip
-                    return based_on_version + 1
+                    return based_on_version + 1, True
             now_at = s.get(FindingRecord, finding_id, populate_existing=True)
         if now_at is None:
             raise NotFound(f"no finding {finding_id}")
@@ -337,6 +342,23 @@ class ReviewStore:
             f"finding {finding_id} was changed by someone else (now version {now_at.version}, status "
             f"{now_at.status!r}, assignee {now_at.assignee!r}); reload it and apply your change again"
         )
+
+    def update_findings(self, versions: dict[int, int], *, status: str | None = None, assignee: str | None = None,
+                        author: str = "anonymous") -> dict[str, list[int]]:  # fmt: skip
+        """A group triaged in one action: each finding of ``versions`` (id -> the version the
+        reviewer saw) changed as :meth:`update_finding` changes one, each on its own compare-and-set.
+        Returns the ids ``changed``, ``unchanged`` (they had these values already) and ``stale``
+        (someone else saved them since: left as they are, for the reviewer to look at), so a
+        concurrent edit of one occurrence is never overwritten by the group's."""
+        out: dict[str, list[int]] = {"changed": [], "unchanged": [], "stale": []}
+        for finding_id, version in sorted(versions.items()):
+            try:
+                changed = self._update(finding_id, version, status, assignee, author)[1]
+            except StaleEdit:
+                out["stale"].append(finding_id)
+                continue
+            out["changed" if changed else "unchanged"].append(finding_id)
+        return out
 
     def review(self, trace_id: int) -> dict[str, Any]:
         """A trace's whole review, for export (:mod:`nsysan.store.export`): the trace, its notes, and
