@@ -263,6 +263,20 @@ def test_scan_registers_each_file_and_each_directory_of_ranks_once(server, tmp_p
     assert {p: sha256(p) for p in traces.rglob("*.sqlite")} == before  # read-only
 
 
+def test_the_library_shows_review_progress_and_what_is_yours(server):
+    trace_id = save_upload_streams(server, _streams((SAMPLES_DIR / "pipeline-stall.sqlite").read_bytes(), "a.sqlite"))
+    assert server.analysis.wait(60)
+    found = server.store.findings(trace_id)
+    server.store.update_findings({f["id"]: f["version"] for f in found[:2]}, status="confirmed", assignee="ana")
+    server.store.update_findings({found[2]["id"]: found[2]["version"]}, status="fixed", assignee="ana")
+    row = library_page._traces(server, "ana").children[1].children[0]
+    cells = {getattr(c, "className", None): c.children for c in row.children}
+    assert cells["review"] == f"{len(found) - 3} open, 2 confirmed, 1 fixed"
+    assert cells["yours"] == 2  # open or confirmed, assigned to ana
+    row = library_page._traces(server, None).children[1].children[0]
+    assert {getattr(c, "className", None): c.children for c in row.children}["yours"] == ""
+
+
 def test_a_capture_run_directory_is_named_by_the_directory(server, tmp_path):
     runs = tmp_path / "nsysan-runs"  # as `nsysan capture` leaves them: one report.sqlite per run
     for run, sample in (("20260101-120000-pipeline", "pipeline-stall"), ("20260101-130000-pipeline", "graph-gap")):

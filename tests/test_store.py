@@ -120,6 +120,12 @@ def test_a_group_is_triaged_in_one_action_without_overwriting_a_concurrent_edit(
     assert [e["field"] for e in store.finding(third)["events"]] == ["status", "assignee"]  # the status once
     again = store.update_findings({i: after[i]["version"] for i in (first, fourth)}, status="confirmed")
     assert again == {"changed": [], "unchanged": [first, fourth], "stale": []}
+    # the library's review progress: statuses counted, and per assignee what is still to do
+    store.update_findings({fourth: after[fourth]["version"]}, status="fixed")
+    (row,) = store.traces()
+    total = len(store.findings(trace_id))
+    assert row["review"] == {"open": total - 3, "confirmed": 2, "false positive": 0, "fixed": 1}
+    assert row["to_do"] == {"ana": 2, "bob": 1}  # ana's fixed one is done
 
 
 def test_two_concurrent_edits_of_one_finding(store):

@@ -57,10 +57,11 @@ def register(app: dash.Dash, server: Server) -> None:
         return html.Div([html.P(line, className="error" if line.startswith("Skipped") else "ok") for line in lines])
 
     @app.callback(Output(ids.LIBRARY_TABLE, "children"), Output(TABLE_DIGEST, "data"),
-                  Input(ids.LIBRARY_POLL, "n_intervals"), State(TABLE_DIGEST, "data"), prevent_initial_call=True)  # fmt: skip
-    def _refresh(_n: int, shown: str | None) -> Any:
+                  Input(ids.LIBRARY_POLL, "n_intervals"), State(TABLE_DIGEST, "data"), State(ids.AUTHOR, "value"),
+                  prevent_initial_call=True)  # fmt: skip
+    def _refresh(_n: int, shown: str | None, typed: str | None) -> Any:
         # redrawn only when it changed: a redraw recreates the delete buttons, which calls _delete
-        table = _table(server)
+        table = _table(server, typed)
         digest = hashlib.sha256(json.dumps(table, cls=PlotlyJSONEncoder).encode()).hexdigest()
         return (dash.no_update, dash.no_update) if digest == shown else (table, digest)
 
@@ -126,9 +127,10 @@ def search_results(server: Server, text: str | None) -> Any:
     return html.Div([html.P(f"{count} finding{'s' if len(found) != 1 else ''}:", className="hint"), html.Ul(items)])
 
 
-def _table(server: Server) -> html.Div:
-    """The library table, after the exports of the traces directory that were refused, and why."""
-    return html.Div([_refused(server), _traces(server)])
+def _table(server: Server, typed: str | None = None) -> html.Div:
+    """The library table, after the exports of the traces directory that were refused, and why.
+    ``typed``: the reviewer's name typed in the header (without login), whose work "yours" counts."""
+    return html.Div([_refused(server), _traces(server, typed)])
 
 
 def _refused(server: Server) -> html.Div | None:
@@ -140,18 +142,27 @@ def _refused(server: Server) -> html.Div | None:
     ])  # fmt: skip
 
 
-def _traces(server: Server) -> html.Table | html.P:
+def _traces(server: Server, typed: str | None = None) -> html.Table | html.P:
     rows = server.store.traces()
     if not rows:
         return html.P("No traces yet: upload an export, or start the server with --traces DIR.")
-    header = ["id", "job", "status", "ranks", "GPUs", "captured", "critical", "warning", "info", "", ""]
+    author = server.author(typed)
+    me = None if author == "anonymous" else author
+    header: list[Any] = ["id", "job", "status", "ranks", "GPUs", "captured", "critical", "warning", "info", "review",
+              html.Span("yours", title=f"open or confirmed findings assigned to {me or 'you (type your name above)'}"),
+              "", ""]  # fmt: skip
     return html.Table(className="library", children=[
         html.Thead(html.Tr([html.Th(h) for h in header])),
-        html.Tbody([_row(server, t) for t in rows]),
+        html.Tbody([_row(server, t, me) for t in rows]),
     ])  # fmt: skip
 
 
-def _row(server: Server, t: dict[str, Any]) -> html.Tr:
+def review_progress(review: dict[str, int]) -> str:
+    """A trace's review in a few words: ``12 open, 3 confirmed, 1 fixed`` (statuses with none left out)."""
+    return ", ".join(f"{n} {status}" for status, n in review.items() if n) or "–"
+
+
+def _row(server: Server, t: dict[str, Any], me: str | None = None) -> html.Tr:
     working = server.analysis.working(t["id"])
     status = working.describe() if working else t["status"]  # queued, analysing, or preparing the timeline
     ready = status == "ready"
@@ -173,6 +184,8 @@ def _row(server: Server, t: dict[str, Any]) -> html.Tr:
         html.Td(", ".join(map(str, t["devices"])) or "–"),
         html.Td(captured(t["captured_utc_ns"])),
         *counts,
+        html.Td(review_progress(t["review"]) if ready else "", className="review"),
+        html.Td(t["to_do"].get(me, 0) if ready and me else "", className="yours"),
         html.Td(dcc.Link("findings", href=f"/traces/{t['id']}/findings") if ready else ""),
         html.Td(_delete_button(server, t) if not working else ""),
     ])  # fmt: skip

@@ -15,6 +15,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 SCHEMA_VERSION = 6
 VERSION_TABLE = "nsysan_alembic_version"  # Alembic's, named for nsysan in case the database is shared
 FINDING_STATUSES = ("open", "confirmed", "false positive", "fixed")
+OPEN_STATUSES = ("open", "confirmed")  # still to do: a finding not yet judged, or judged real and not fixed
 REVIEWED_FIELDS = ("status", "assignee")  # what a review event records a change of
 
 

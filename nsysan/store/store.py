@@ -27,6 +27,7 @@ from nsysan.errors import InputError, NsysanError
 from nsysan.store import identity, schema
 from nsysan.store.models import (
     FINDING_STATUSES,
+    OPEN_STATUSES,
     FindingRecord,
     RemarkRecord,
     ReviewEventRecord,
@@ -213,7 +214,9 @@ class ReviewStore:
             return {tuple(p) for p in s.scalars(sa.select(TraceRecord.paths))}
 
     def traces(self, only: int | None = None) -> list[dict[str, Any]]:
-        """The library: every trace with its finding counts by severity (of its latest analysis)."""
+        """The library: every trace with its finding counts (of its latest analysis) by severity, by
+        review status (``review``) and, per assignee, of those still to do (``to_do``: open or
+        confirmed), so a team sees its progress without opening each trace."""
         with self.session() as s:
             counts = dict.fromkeys(("info", "warning", "critical"), 0)
             counted = sa.select(FindingRecord.trace_id, FindingRecord.severity, sa.func.count()).where(
@@ -226,10 +229,24 @@ class ReviewStore:
             by_trace: dict[int, dict[str, int]] = {}
             for trace_id, severity, n in rows:
                 by_trace.setdefault(trace_id, dict(counts))[severity] = n
+            reviewed = sa.select(FindingRecord.trace_id, FindingRecord.status, FindingRecord.assignee,
+                                 sa.func.count()).where(FindingRecord.present)  # fmt: skip
+            if only is not None:
+                reviewed = reviewed.where(FindingRecord.trace_id == only)
+            review: dict[int, dict[str, int]] = {}
+            to_do: dict[int, dict[str, int]] = {}
+            grouped = reviewed.group_by(FindingRecord.trace_id, FindingRecord.status, FindingRecord.assignee)
+            for trace_id, status, assignee, n in s.execute(grouped).all():
+                mine = review.setdefault(trace_id, dict.fromkeys(FINDING_STATUSES, 0))
+                mine[status] = mine.get(status, 0) + n
+                if assignee and status in OPEN_STATUSES:
+                    who = to_do.setdefault(trace_id, {})
+                    who[assignee] = who.get(assignee, 0) + n
             return [
                 {"id": t.id, "name": t.name, "status": t.status, "error": t.error, "ranks": t.ranks,
                  "devices": t.devices, "captured_utc_ns": t.captured_utc_ns,
-                 "findings": by_trace.get(t.id, dict(counts)), "step_ns": _step_ns(t.summary or {})}
+                 "findings": by_trace.get(t.id, dict(counts)), "step_ns": _step_ns(t.summary or {}),
+                 "review": review.get(t.id, dict.fromkeys(FINDING_STATUSES, 0)), "to_do": to_do.get(t.id, {})}
                 for t in s.scalars(listed)
             ]  # fmt: skip
 
