@@ -277,6 +277,22 @@ def test_the_library_shows_review_progress_and_what_is_yours(server):
     assert {getattr(c, "className", None): c.children for c in row.children}["yours"] == ""
 
 
+def test_search_across_traces_lists_one_line_per_group(server):
+    for name in ("a.sqlite", "b.sqlite"):  # the same job twice: each trace's groups apart
+        save_upload_streams(server, _streams((SAMPLES_DIR / "pipeline-stall.sqlite").read_bytes(), name))
+    assert server.analysis.wait(60)
+    found = server.store.search_findings("sendrecv")
+    exposed = [f for f in found if f["group"] == "exposed_communication"]
+    per_trace = len(exposed) // 2
+    assert per_trace >= 2 and len(exposed) == 2 * per_trace  # the same transfers in each trace
+    hint, listing = library_page.search_results(server, "sendrecv").children
+    lines = [str(li.to_plotly_json()) for li in listing.children]
+    groups = {(f["trace_id"], f["group"]) for f in found}
+    assert hint.children == f"{len(found)} findings in {len(groups)} groups:" and len(lines) == len(groups)
+    assert sum(f"{per_trace} occurrences" in line and "exposed_communication" in line for line in lines) == 2
+    assert library_page.search_results(server, "no such kernel").children == "No finding holds 'no such kernel'."
+
+
 def test_a_capture_run_directory_is_named_by_the_directory(server, tmp_path):
     runs = tmp_path / "nsysan-runs"  # as `nsysan capture` leaves them: one report.sqlite per run
     for run, sample in (("20260101-120000-pipeline", "pipeline-stall"), ("20260101-130000-pipeline", "graph-gap")):

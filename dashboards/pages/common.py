@@ -7,12 +7,14 @@ print the same figure the same way.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 import plotly.graph_objects as go
 from dash import html, no_update
 
 from dashboards.server import Server
+from nsysan.store import FINDING_STATUSES
 
 
 def captured(utc_ns: int | None) -> str:
@@ -57,6 +59,12 @@ def _entry(e: dict[str, Any], kind: str) -> html.Li:
                         html.Span(e["from"] or "nobody", className="from"), " → ",
                         html.Span(e["to"] or "nobody", className="to")], className="event")  # fmt: skip
     return html.Li([html.B(e["author"]), f" · {when}: ", e["body"]], className=kind)
+
+
+def status_counts(counts: Mapping[str, int]) -> str:
+    """Findings by review status in a few words, in the statuses' order: ``12 open, 3 confirmed``."""
+    order = {s: i for i, s in enumerate(FINDING_STATUSES)}
+    return ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=lambda s: order.get(s, len(order))) if counts[s])
 
 
 def login_on(server: Server) -> bool:

@@ -26,7 +26,7 @@ from dash import Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards import ids, security
-from dashboards.pages.common import login_on, missing, where
+from dashboards.pages.common import login_on, missing, status_counts, where
 from dashboards.server import Server
 from nsysan.detect import registered
 from nsysan.errors import InputError, NsysanError
@@ -348,10 +348,7 @@ def _common(values: Any) -> Any:
 def _statuses(members: list[dict[str, Any]]) -> str:
     """The review status of a group: its occurrences' one status, or how many have each."""
     counts = Counter(m["status"] for m in members)
-    if len(counts) == 1:
-        return next(iter(counts))
-    order = {s: i for i, s in enumerate(FINDING_STATUSES)}
-    return ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=lambda s: order.get(s, len(order))))
+    return next(iter(counts)) if len(counts) == 1 else status_counts(counts)
 
 
 def _ms(ns: int) -> float:

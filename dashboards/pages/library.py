@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from collections import Counter
 from typing import Any
 
 import dash
@@ -14,8 +15,9 @@ from plotly.utils import PlotlyJSONEncoder
 
 from dashboards import ids
 from dashboards.library import delete_upload, scan_directory, upload_directory
-from dashboards.pages.common import captured, severity_badge, where
+from dashboards.pages.common import captured, severity_badge, status_counts, where
 from dashboards.server import Server
+from nsysan.report.format import duration
 from nsysan.store import NotFound
 
 UPLOAD_STATUS = "upload-status"  # written by assets/upload.js, never by a callback
@@ -106,25 +108,44 @@ def delete_trace(server: Server, trace_id: object) -> str:
 
 
 SEARCH_CHARS = 200
-SEARCH_LIMIT = 200  # findings listed at most
+SEARCH_LIMIT = 200  # groups listed at most
+SEARCH_SCAN = 5000  # findings read at most, largest impact first (each group's worst ones)
 
 
 def search_results(server: Server, text: str | None) -> Any:
-    """The findings of every trace's latest analysis that hold ``text``, largest impact first, each
-    linked to its page and its trace."""
+    """The findings of every trace's latest analysis that hold ``text``, one line per group (per
+    trace and group key: episodes of one problem), the group with the largest occurrence first;
+    each line links its worst occurrence and its trace's findings, with how many there are."""
     text = (text or "").strip()[:SEARCH_CHARS]
     if not text:
         return None
-    found = server.store.search_findings(text, limit=SEARCH_LIMIT + 1)
+    found = server.store.search_findings(text, limit=SEARCH_SCAN + 1)
     if not found:
         return html.P(f"No finding holds {text!r}.", className="hint")
-    more = len(found) > SEARCH_LIMIT
-    items = [html.Li([severity_badge(f["severity"]), " ", dcc.Link(f["title"], href=f"/findings/{f['id']}"),
-                      f" · {f['kind']} · {where(f)} · {f['status']}{' · ' + f['assignee'] if f['assignee'] else ''} · in ",
-                      dcc.Link(f["trace_name"], href=f"/traces/{f['trace_id']}/findings")], className="search-hit")
-             for f in found[:SEARCH_LIMIT]]  # fmt: skip
-    count = f"first {SEARCH_LIMIT}" if more else str(len(found))
-    return html.Div([html.P(f"{count} finding{'s' if len(found) != 1 else ''}:", className="hint"), html.Ul(items)])
+    scanned = found[:SEARCH_SCAN]
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for f in scanned:  # largest impact first: each group's first is its worst
+        groups.setdefault((f["trace_id"], f["group"] or f"#{f['id']}"), []).append(f)
+    items = [_search_hit(members) for members in list(groups.values())[:SEARCH_LIMIT]]
+    said = f"{len(scanned)}{'+' if len(found) > SEARCH_SCAN else ''} finding{'s' if len(scanned) != 1 else ''} " \
+           f"in {len(groups)} group{'s' if len(groups) != 1 else ''}"  # fmt: skip
+    shown = f", the first {SEARCH_LIMIT} listed" if len(groups) > SEARCH_LIMIT else ""
+    return html.Div([html.P(f"{said}{shown}:", className="hint"), html.Ul(items)])
+
+
+def _search_hit(members: list[dict[str, Any]]) -> html.Li:
+    worst = members[0]
+    statuses = Counter(m["status"] for m in members)
+    assignees = sorted({m["assignee"] for m in members if m["assignee"]})
+    many = (
+        f" · {len(members)} occurrences, {duration(sum(m['impact_ns'] for m in members))} in all"
+        if len(members) > 1
+        else ""
+    )
+    review = next(iter(statuses)) if len(statuses) == 1 else status_counts(statuses)
+    return html.Li([severity_badge(worst["severity"]), " ", dcc.Link(worst["title"], href=f"/findings/{worst['id']}"),
+                    f" · {worst['kind']} · {where(worst)}{many} · {review}{' · ' + ', '.join(assignees) if assignees else ''} · in ",
+                    dcc.Link(worst["trace_name"], href=f"/traces/{worst['trace_id']}/findings")], className="search-hit")  # fmt: skip
 
 
 def _table(server: Server, typed: str | None = None) -> html.Div:
@@ -157,11 +178,6 @@ def _traces(server: Server, typed: str | None = None) -> html.Table | html.P:
     ])  # fmt: skip
 
 
-def review_progress(review: dict[str, int]) -> str:
-    """A trace's review in a few words: ``12 open, 3 confirmed, 1 fixed`` (statuses with none left out)."""
-    return ", ".join(f"{n} {status}" for status, n in review.items() if n) or "–"
-
-
 def _row(server: Server, t: dict[str, Any], me: str | None = None) -> html.Tr:
     working = server.analysis.working(t["id"])
     status = working.describe() if working else t["status"]  # queued, analysing, or preparing the timeline
@@ -184,7 +200,7 @@ def _row(server: Server, t: dict[str, Any], me: str | None = None) -> html.Tr:
         html.Td(", ".join(map(str, t["devices"])) or "–"),
         html.Td(captured(t["captured_utc_ns"])),
         *counts,
-        html.Td(review_progress(t["review"]) if ready else "", className="review"),
+        html.Td(status_counts(t["review"]) or "–" if ready else "", className="review"),
         html.Td(t["to_do"].get(me, 0) if ready and me else "", className="yours"),
         html.Td(dcc.Link("findings", href=f"/traces/{t['id']}/findings") if ready else ""),
         html.Td(_delete_button(server, t) if not working else ""),
