@@ -11,6 +11,7 @@ SCAN = "scan-traces-dir"
 LIBRARY_MESSAGE = "library-message"
 LIBRARY_TABLE = "library-table"
 LIBRARY_POLL = "library-poll"
+LIBRARY_SORT = "library-sort"
 SEARCH_ALL = "search-all"  # findings of every trace, by text
 SEARCH_ALL_RESULTS = "search-all-results"
 

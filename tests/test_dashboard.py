@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 
+import dash
 import numpy as np
 import pytest
 
@@ -275,6 +276,61 @@ def test_the_library_shows_review_progress_and_what_is_yours(server):
     assert cells["yours"] == 2  # open or confirmed, assigned to ana
     row = library_page._traces(server, None).children[1].children[0]
     assert {getattr(c, "className", None): c.children for c in row.children}["yours"] == ""
+
+
+def test_a_group_triaged_from_the_findings_page_says_what_it_did(server):
+    from dashboards.pages.findings import headlines, triage
+
+    trace_id = save_upload_streams(server, _streams((SAMPLES_DIR / "pipeline-stall.sqlite").read_bytes(), "a.sqlite"))
+    assert server.analysis.wait(60)
+    everything = server.store.findings(trace_id)
+    group = [f for f in everything if f["group"] == "exposed_communication"]
+    listed = {str(f["id"]): f["version"] for f in group}
+    shown = headlines(everything)
+    at = [r["id"] for r in shown].index("exposed_communication")
+
+    def said(panel) -> str:
+        return str(panel.to_plotly_json())
+
+    panel, rows = triage(server, trace_id, listed, None, "  ", "ana", shown)  # nothing chosen
+    assert "Not saved: choose a status or an assignee to set" in said(panel)
+    for damaged in ({"abc": 1}, {str(10**20): 1}, {"999999": 1}, {str(group[0]["id"]): "1"}, ["1"]):
+        panel, rows = triage(server, trace_id, damaged, "fixed", None, "ana", shown)
+        assert "Not saved: this page's state is damaged" in said(panel) and rows is dash.no_update
+    server.users = {"ana": hash_password("a long enough password")}  # login on: assignees are its users
+    panel, rows = triage(server, trace_id, listed, None, "zed", "ana", shown)
+    assert "Not saved: 'zed' is not a user of this server" in said(panel)
+    server.users = {}
+    assert {f["status"] for f in server.store.findings(trace_id)} == {"open"}  # nothing saved
+    first = group[0]
+    server.store.update_finding(first["id"], based_on_version=first["version"], assignee="bob", author="bob")
+    panel, rows = triage(server, trace_id, listed, "confirmed", None, "ana", shown)
+    text = said(panel)
+    assert f"Set status confirmed on {len(group) - 1} occurrences" in text and f"#{first['id']}" in text
+    assert "error stale" in text  # someone else's save: said, not overwritten
+    assert [r["id"] for r in rows] == [r["id"] for r in shown]  # every row where it was
+    assert rows[at]["status"] == f"1 open, {len(group) - 1} confirmed"
+    assert server.store.finding(first["id"])["status"] == "open"
+
+
+def test_the_library_sorts_by_what_a_reviewer_picks(server):
+    first = save_upload_streams(server, _streams((SAMPLES_DIR / "pipeline-stall.sqlite").read_bytes(), "zeta.sqlite"))
+    second = save_upload_streams(server, _streams((SAMPLES_DIR / "graph-gap.sqlite").read_bytes(), "alpha.sqlite"))
+    assert server.analysis.wait(60)
+    (mine,) = server.store.findings(second)[:1]
+    server.store.update_findings({mine["id"]: mine["version"]}, assignee="ana")
+    counts = {t["id"]: t["findings"] for t in server.store.traces()}
+
+    def order(sort: str) -> list[str]:
+        rows = library_page._traces(server, "ana", sort).children[1].children
+        return [r.children[0].children for r in rows]
+
+    assert order("id") == [first, second] and order("newest") == [second, first]
+    assert order("name") == [second, first]  # alpha, zeta
+    assert order("yours") == [second, first]
+    more_critical = max((first, second), key=lambda t: (counts[t]["critical"], counts[t]["warning"], -t))
+    assert order("critical")[0] == more_critical
+    assert order("no such order") == [first, second]  # a stale choice: the default order
 
 
 def test_search_across_traces_lists_one_line_per_group(server):

@@ -110,7 +110,7 @@ def test_a_group_is_triaged_in_one_action_without_overwriting_a_concurrent_edit(
     store.update_finding(third, based_on_version=listed[third], status="confirmed", author="ana")
     listed[third] += 1  # ana's own page reloaded it
     done = store.update_findings(listed, status="confirmed", assignee="ana", author="ana")
-    assert done == {"changed": [first, third, fourth], "unchanged": [], "stale": [second]}
+    assert done == {"changed": [first, third, fourth], "unchanged": [], "stale": [second], "gone": []}
     after = {f["id"]: f for f in store.findings(trace_id) if f["id"] in listed}
     assert [(after[i]["status"], after[i]["assignee"]) for i in (first, second, third, fourth)] == [
         ("confirmed", "ana"), ("open", "bob"), ("confirmed", "ana"), ("confirmed", "ana")]  # fmt: skip
@@ -119,7 +119,8 @@ def test_a_group_is_triaged_in_one_action_without_overwriting_a_concurrent_edit(
                                                                          ("assignee", "ana", "ana")}  # fmt: skip
     assert [e["field"] for e in store.finding(third)["events"]] == ["status", "assignee"]  # the status once
     again = store.update_findings({i: after[i]["version"] for i in (first, fourth)}, status="confirmed")
-    assert again == {"changed": [], "unchanged": [first, fourth], "stale": []}
+    assert again == {"changed": [], "unchanged": [first, fourth], "stale": [], "gone": []}
+    assert store.update_findings({10**9: 1}, status="fixed")["gone"] == [10**9]  # deleted since: said, not raised
     # the library's review progress: statuses counted, and per assignee what is still to do
     store.update_findings({fourth: after[fourth]["version"]}, status="fixed")
     (row,) = store.traces()
@@ -213,6 +214,8 @@ def test_a_finding_the_new_analysis_lacks_is_kept_and_marked_and_a_new_one_added
     assert (missing["present"], missing["status"], missing["assignee"]) == (False, "confirmed", "bob")
     assert missing["missing_since"] and [c["body"] for c in missing["comments"]] == ["look at rank 0"]
     assert gone["id"] not in {f["id"] for f in latest} and sum(store.trace(trace_id)["findings"].values()) == 6
+    (row,) = store.traces()  # the library's review progress counts the latest analysis's findings only
+    assert row["review"] == {"open": 6, "confirmed": 0, "false positive": 0, "fixed": 0} and row["to_do"] == {}
     everything = store.findings(trace_id, include_missing=True)
     assert len(everything) == 7 and [f["id"] for f in everything if not f["present"]] == [gone["id"]]
     # found again by a later analysis: present again, same id, same review

@@ -157,36 +157,13 @@ def register(app: dash.Dash, server: Server) -> None:
                   Output(ids.FINDINGS_TABLE, "data", allow_duplicate=True),
                   Input(ids.GROUP_APPLY, "n_clicks"), State(ids.GROUP_STATUS, "value"),
                   State(ids.GROUP_ASSIGNEE, "value"), State(ids.GROUP_VERSIONS, "data"),
-                  *(State(key, "value") for key in FILTERS), State(ids.FILTER_TEXT, "value"),
-                  State(ids.FINDINGS_TABLE, "sort_by"), State(ids.TRACE_ID, "data"), State(ids.AUTHOR, "value"),
+                  State(ids.FINDINGS_TABLE, "data"), State(ids.TRACE_ID, "data"), State(ids.AUTHOR, "value"),
                   prevent_initial_call=True)  # fmt: skip
-    def _triage(n: int | None, status: str | None, assignee: str | None, versions: dict[str, int] | None,
-                kind: str | None, severity: str | None, wanted_status: str | None, rank: int | None,
-                text: str | None, sort_by: list[dict[str, str]] | None, trace_id: int, author: str | None) -> Any:  # fmt: skip
+    def _triage(n: int | None, status: str | None, assignee: str | None, versions: Any, shown: list[dict[str, Any]],
+                trace_id: int, author: str | None) -> Any:  # fmt: skip
         if not n or not versions:
             raise PreventUpdate
-        assignee = (assignee or "").strip() or None  # blank: the assignees stay as they are
-        listed = {int(k): int(v) for k, v in versions.items()}
-        try:
-            if status is None and assignee is None:
-                raise InputError("choose a status or an assignee to set")
-            if assignee is not None and login_on(server) and assignee not in server.users:
-                raise InputError(f"{assignee!r} is not a user of this server")
-            done = server.store.update_findings(listed, status=status, assignee=assignee, author=server.author(author))
-            message = html.P(
-                _triaged(done, status, assignee), className="ok triaged" if not done["stale"] else "error stale"
-            )
-        except InputError as exc:
-            message = html.P(f"Not saved: {exc}", className="error")
-        found = _filtered(server, trace_id, kind, severity, wanted_status, rank, text)
-        when = clock(server, trace_id)
-        members = [f for f in server.store.findings(trace_id, include_missing=True) if f["id"] in listed]
-        panel = (
-            occurrences(members, when, triage=_triage_form(server, members, message))
-            if members
-            else html.P(_PICK, className="hint")
-        )
-        return panel, sort_rows(headlines(found, when), sort_by or [])
+        return triage(server, trace_id, versions, status, assignee, author, shown)
 
     @app.server.route("/traces/<int:trace_id>/review.<fmt>")
     def _export(trace_id: int, fmt: str) -> flask.Response:
@@ -200,6 +177,53 @@ def register(app: dash.Dash, server: Server) -> None:
         name = review_export.filename(review, fmt)
         return flask.Response(review_export.render(review, fmt), mimetype=review_export.FORMATS[fmt],
                               headers={"Content-Disposition": f'attachment; filename="{name}"'})  # fmt: skip
+
+
+def triage(server: Server, trace_id: int, versions: Any, status: str | None, assignee: str | None,
+           typed: str | None, shown: list[dict[str, Any]] | None = None) -> tuple[Any, Any]:  # fmt: skip
+    """Set the status and/or assignee of the listed occurrences (``versions``: {id: version} as
+    listed, checked against the trace before anything is saved): the occurrences panel with what
+    was done, and the headlines shown with their new status and assignees, each row where it was
+    (the highlighted row stays on its group; a row the filters would now drop goes at the next
+    filtering)."""
+    assignee = (assignee or "").strip() or None  # blank: the assignees stay as they are
+    try:
+        listed = _listed_versions(server, trace_id, versions)
+    except InputError as exc:
+        return html.P(f"Not saved: {exc}", className="error"), dash.no_update
+    try:
+        if status is None and assignee is None:
+            raise InputError("choose a status or an assignee to set")
+        if assignee is not None and login_on(server) and assignee not in server.users:
+            raise InputError(f"{assignee!r} is not a user of this server")
+        done = server.store.update_findings(listed, status=status, assignee=assignee, author=server.author(typed))
+        ok = not done["stale"] and not done["gone"]
+        message = html.P(_triaged(done, status, assignee), className="ok triaged" if ok else "error stale")
+    except InputError as exc:
+        message = html.P(f"Not saved: {exc}", className="error")
+    everything = server.store.findings(trace_id, include_missing=True)
+    members = [f for f in everything if f["id"] in listed]
+    when = clock(server, trace_id)
+    panel = occurrences(members, when, triage=_triage_form(server, members, message)) if members else message
+    now = {row["id"]: row for row in headlines(everything, when)}
+    rows = [row | {k: now[row["id"]][k] for k in ("status", "assignee")} if row.get("id") in now else row
+            for row in shown or []]  # fmt: skip
+    return panel, rows
+
+
+def _listed_versions(server: Server, trace_id: int, versions: Any) -> dict[int, int]:
+    """The page's {finding id: version}, refused unless every pair is an id and a version of one
+    of this trace's findings (the page's state is the browser's, so it is checked like any input)."""
+    if not isinstance(versions, dict):
+        raise InputError("this page's state is damaged; reload the page")
+    mine = {f["id"] for f in server.store.findings(trace_id, include_missing=True)}
+    listed: dict[int, int] = {}
+    for key, version in versions.items():
+        finding_id = int(key) if isinstance(key, str) and key.isdecimal() and len(key) <= 15 else -1
+        if finding_id not in mine or version is None or not security.is_id(version):
+            raise InputError("this page's state is damaged (a finding not of this trace); reload the page")
+        listed[finding_id] = int(version)
+    return listed
 
 
 def _filtered(server: Server, trace_id: int, kind: str | None, severity: str | None, status: str | None,
@@ -336,6 +360,8 @@ def _triaged(done: dict[str, list[int]], status: str | None, assignee: str | Non
     if done["stale"]:
         ids_ = ", ".join(f"#{i}" for i in done["stale"])
         parts.append(f"not changed, because someone else saved them since you listed them: {ids_} (open them to look)")
+    if done["gone"]:
+        parts.append(f"{len(done['gone'])} deleted since you listed them")
     return "; ".join(parts) + "."
 
 

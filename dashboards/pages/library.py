@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import dash
@@ -40,6 +41,9 @@ def layout(server: Server) -> html.Div:
         html.H1("Traces"),
         html.Div(actions, className="actions"),
         html.Div(id=ids.LIBRARY_MESSAGE),
+        html.Label(["Sort by ", dcc.Dropdown(id=ids.LIBRARY_SORT, options=[{"label": label, "value": key}
+                                                                           for key, (label, _) in SORTS.items()],
+                                             value=DEFAULT_SORT, clearable=False, className="library-sort")]),
         html.Div(_table(server), id=ids.LIBRARY_TABLE),
         html.H2("Search findings"),
         dcc.Input(id=ids.SEARCH_ALL, type="search", placeholder="title, kind, group or kernel, in every trace",
@@ -59,24 +63,27 @@ def register(app: dash.Dash, server: Server) -> None:
         return html.Div([html.P(line, className="error" if line.startswith("Skipped") else "ok") for line in lines])
 
     @app.callback(Output(ids.LIBRARY_TABLE, "children"), Output(TABLE_DIGEST, "data"),
-                  Input(ids.LIBRARY_POLL, "n_intervals"), State(TABLE_DIGEST, "data"), State(ids.AUTHOR, "value"),
-                  prevent_initial_call=True)  # fmt: skip
-    def _refresh(_n: int, shown: str | None, typed: str | None) -> Any:
+                  Input(ids.LIBRARY_POLL, "n_intervals"), Input(ids.LIBRARY_SORT, "value"), State(TABLE_DIGEST, "data"),
+                  State(ids.AUTHOR, "value"), prevent_initial_call=True)  # fmt: skip
+    def _refresh(_n: int, sort: str | None, shown: str | None, typed: str | None) -> Any:
         # redrawn only when it changed: a redraw recreates the delete buttons, which calls _delete
-        table = _table(server, typed)
+        table = _table(server, typed, sort)
         digest = hashlib.sha256(json.dumps(table, cls=PlotlyJSONEncoder).encode()).hexdigest()
         return (dash.no_update, dash.no_update) if digest == shown else (table, digest)
 
     @app.callback(Output(ids.LIBRARY_MESSAGE, "children", allow_duplicate=True),
                   Output(ids.LIBRARY_TABLE, "children", allow_duplicate=True),
-                  Input({"type": DELETE, "trace": ALL}, "submit_n_clicks"), prevent_initial_call=True)  # fmt: skip
-    def _delete(_clicks: list[int | None]) -> Any:
+                  Input({"type": DELETE, "trace": ALL}, "submit_n_clicks"), State(ids.AUTHOR, "value"),
+                  State(ids.LIBRARY_SORT, "value"), prevent_initial_call=True)  # fmt: skip
+    def _delete(_clicks: list[int | None], typed: str | None, sort: str | None) -> Any:
         # the table is redrawn every second: fired for new buttons too, which nobody confirmed
         confirmed = [t for t in ctx.triggered if t["value"]]
         if not confirmed or not isinstance(ctx.triggered_id, dict):
             return dash.no_update, dash.no_update
         message = delete_trace(server, ctx.triggered_id.get("trace"))
-        return html.P(message, className="error" if message.startswith("Not deleted") else "ok"), _table(server)
+        return html.P(message, className="error" if message.startswith("Not deleted") else "ok"), _table(
+            server, typed, sort
+        )
 
     @app.callback(Output(ids.SEARCH_ALL_RESULTS, "children"), Input(ids.SEARCH_ALL, "value"), prevent_initial_call=True)
     def _search(text: str | None) -> Any:
@@ -148,10 +155,25 @@ def _search_hit(members: list[dict[str, Any]]) -> html.Li:
                     dcc.Link(worst["trace_name"], href=f"/traces/{worst['trace_id']}/findings")], className="search-hit")  # fmt: skip
 
 
-def _table(server: Server, typed: str | None = None) -> html.Div:
+Row = dict[str, Any]
+# the library's orders: (label, key of a row and the reviewer's name); stable sorts from the id order
+SORTS: dict[str, tuple[str, Callable[[Row, str | None], Any]]] = {
+    "id": ("registered (oldest first)", lambda t, me: t["id"]),
+    "newest": ("registered (newest first)", lambda t, me: -t["id"]),
+    "name": ("job name", lambda t, me: t["name"].lower()),
+    "captured": ("captured (newest first)", lambda t, me: -(t["captured_utc_ns"] or 0)),
+    "critical": ("most critical findings", lambda t, me: (-t["findings"]["critical"], -t["findings"]["warning"])),
+    "open": ("most open findings", lambda t, me: -t["review"]["open"]),
+    "yours": ("most assigned to you", lambda t, me: -t["to_do"].get(me, 0)),
+}
+DEFAULT_SORT = "id"
+
+
+def _table(server: Server, typed: str | None = None, sort: str | None = None) -> html.Div:
     """The library table, after the exports of the traces directory that were refused, and why.
-    ``typed``: the reviewer's name typed in the header (without login), whose work "yours" counts."""
-    return html.Div([_refused(server), _traces(server, typed)])
+    ``typed``: the reviewer's name typed in the header (without login), whose work "yours" counts;
+    ``sort``: a key of :data:`SORTS`."""
+    return html.Div([_refused(server), _traces(server, typed, sort)])
 
 
 def _refused(server: Server) -> html.Div | None:
@@ -163,12 +185,14 @@ def _refused(server: Server) -> html.Div | None:
     ])  # fmt: skip
 
 
-def _traces(server: Server, typed: str | None = None) -> html.Table | html.P:
+def _traces(server: Server, typed: str | None = None, sort: str | None = None) -> html.Table | html.P:
     rows = server.store.traces()
     if not rows:
         return html.P("No traces yet: upload an export, or start the server with --traces DIR.")
     author = server.author(typed)
     me = None if author == "anonymous" else author
+    order = SORTS.get(sort or DEFAULT_SORT, SORTS[DEFAULT_SORT])[1]
+    rows.sort(key=lambda t: order(t, me))
     header: list[Any] = ["id", "job", "status", "ranks", "GPUs", "captured", "critical", "warning", "info", "review",
               html.Span("yours", title=f"open or confirmed findings assigned to {me or 'you (type your name above)'}"),
               "", ""]  # fmt: skip

@@ -364,15 +364,19 @@ class ReviewStore:
                         author: str = "anonymous") -> dict[str, list[int]]:  # fmt: skip
         """A group triaged in one action: each finding of ``versions`` (id -> the version the
         reviewer saw) changed as :meth:`update_finding` changes one, each on its own compare-and-set.
-        Returns the ids ``changed``, ``unchanged`` (they had these values already) and ``stale``
-        (someone else saved them since: left as they are, for the reviewer to look at), so a
-        concurrent edit of one occurrence is never overwritten by the group's."""
-        out: dict[str, list[int]] = {"changed": [], "unchanged": [], "stale": []}
+        Returns the ids ``changed``, ``unchanged`` (they had these values already), ``stale``
+        (someone else saved them since: left as they are, for the reviewer to look at) and ``gone``
+        (deleted since), so a concurrent edit of one occurrence is never overwritten by the group's
+        and what was saved is always said."""
+        out: dict[str, list[int]] = {"changed": [], "unchanged": [], "stale": [], "gone": []}
         for finding_id, version in sorted(versions.items()):
             try:
                 changed = self._update(finding_id, version, status, assignee, author)[1]
             except StaleEdit:
                 out["stale"].append(finding_id)
+                continue
+            except NotFound:
+                out["gone"].append(finding_id)
                 continue
             out["changed" if changed else "unchanged"].append(finding_id)
         return out
