@@ -349,6 +349,22 @@ def test_search_across_traces_lists_one_line_per_group(server):
     assert library_page.search_results(server, "no such kernel").children == "No finding holds 'no such kernel'."
 
 
+def test_search_groups_by_trace_and_group_key_not_by_kind(server, monkeypatch):
+    def hit(n: int, trace: int, group: str, impact: int) -> dict:
+        return {"id": n, "trace_id": trace, "trace_name": f"job-{trace}", "group": group, "kind": "late_rank",
+                "title": f"finding {n}", "severity": "warning", "rank": 1, "device": 0, "pid": 7,
+                "status": "open", "assignee": None, "impact_ns": impact}  # fmt: skip
+
+    found = [hit(1, 1, "late_rank|rank 1", 9), hit(2, 1, "late_rank|rank 2", 8), hit(3, 1, "late_rank|rank 1", 7),
+             hit(4, 2, "late_rank|rank 1", 6), hit(5, 1, "", 5), hit(6, 1, "", 4)]  # fmt: skip
+    monkeypatch.setattr(server.store, "search_findings", lambda text, limit: found[:limit])
+    hint, listing = library_page.search_results(server, "late").children
+    lines = [str(li.to_plotly_json()) for li in listing.children]
+    assert hint.children == "6 findings in 5 groups:"
+    assert ["finding 1" in lines[0], "2 occurrences" in lines[0], "finding 3" in lines[0]] == [True, True, False]
+    assert all("occurrences" not in line for line in lines[1:])  # rank 2's, trace 2's, and each ungrouped one
+
+
 def test_a_capture_run_directory_is_named_by_the_directory(server, tmp_path):
     runs = tmp_path / "nsysan-runs"  # as `nsysan capture` leaves them: one report.sqlite per run
     for run, sample in (("20260101-120000-pipeline", "pipeline-stall"), ("20260101-130000-pipeline", "graph-gap")):
