@@ -7,11 +7,12 @@ print the same figure the same way.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import plotly.graph_objects as go
-from dash import html, no_update
+from dash import dcc, html, no_update
 
 from dashboards.server import Server
 from nsysan.store import FINDING_STATUSES
@@ -65,6 +66,21 @@ def status_counts(counts: Mapping[str, int]) -> str:
     """Findings by review status in a few words, in the statuses' order: ``12 open, 3 confirmed``."""
     order = {s: i for i, s in enumerate(FINDING_STATUSES)}
     return ", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=lambda s: order.get(s, len(order))) if counts[s])
+
+
+def review_status(statuses: Iterable[str]) -> str:
+    """The review status of several findings: their one status, or how many have each."""
+    counts = Counter(statuses)
+    return next(iter(counts)) if len(counts) == 1 else status_counts(counts)
+
+
+def assignee_field(server: Server, field_id: str, current: str | None, placeholder: str) -> Any:
+    """With login on, a choice of the server's users (and the current assignee, if no longer one);
+    without, free text."""
+    if not login_on(server):
+        return dcc.Input(id=field_id, value=current or "", placeholder=placeholder, className="text")
+    names = sorted(set(server.users) | ({current} if current else set()))
+    return dcc.Dropdown(id=field_id, options=names, value=current, clearable=True, placeholder=placeholder)
 
 
 def login_on(server: Server) -> bool:

@@ -23,7 +23,16 @@ from dash import ClientsideFunction, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards import ids
-from dashboards.pages.common import cell, login_on, missing, severity_badge, thread, where, zoomed_figure
+from dashboards.pages.common import (
+    assignee_field,
+    cell,
+    login_on,
+    missing,
+    severity_badge,
+    thread,
+    where,
+    zoomed_figure,
+)
 from dashboards.server import Server
 from dashboards.timeline import TimelineData, evidence_items
 from nsysan.errors import InputError
@@ -72,7 +81,7 @@ def layout(server: Server, finding_id: int) -> html.Div:
                 html.Div(id=ids.REVIEW_FORM, **_UNEDITED, children=[
                     html.Label(["Status", dcc.Dropdown(id=ids.STATUS, options=list(FINDING_STATUSES), value=f["status"],
                                                        clearable=False)]),
-                    html.Label(["Assignee", _assignee(server, f["assignee"])]),
+                    html.Label(["Assignee", assignee_field(server, ids.ASSIGNEE, f["assignee"], "nobody")]),
                     html.Button("Save", id=ids.SAVE, n_clicks=0),
                 ]),
                 html.Div(id=ids.REVIEW_MESSAGE),
@@ -221,15 +230,6 @@ def _seen(f: dict[str, Any]) -> dict[str, Any]:
 
 def _same(state: dict[str, Any], seen: dict[str, Any]) -> bool:
     return all(state[k] == seen.get(k) for k in ("version", "comments", "events"))
-
-
-def _assignee(server: Server, current: str | None) -> Any:
-    """With login on, a choice of the server's users (and the current assignee, if no longer one);
-    without, free text."""
-    if not login_on(server):
-        return dcc.Input(id=ids.ASSIGNEE, value=current or "", className="text")
-    names = sorted(set(server.users) | ({current} if current else set()))
-    return dcc.Dropdown(id=ids.ASSIGNEE, options=names, value=current, clearable=True, placeholder="nobody")
 
 
 def _assignee_value(server: Server, current: str | None) -> str | None:

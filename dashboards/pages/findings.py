@@ -16,7 +16,6 @@ never deletes them): they fold into headlines of their own, after the others, gr
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,7 @@ from dash import Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards import ids, security
-from dashboards.pages.common import login_on, missing, status_counts, where
+from dashboards.pages.common import assignee_field, login_on, missing, review_status, where
 from dashboards.server import Server
 from nsysan.detect import registered
 from nsysan.errors import InputError, NsysanError
@@ -216,7 +215,7 @@ def _listed_versions(server: Server, trace_id: int, versions: Any) -> dict[int, 
     of this trace's findings (the page's state is the browser's, so it is checked like any input)."""
     if not isinstance(versions, dict):
         raise InputError("this page's state is damaged; reload the page")
-    mine = {f["id"] for f in server.store.findings(trace_id, include_missing=True)}
+    mine = server.store.finding_ids(trace_id)
     listed: dict[int, int] = {}
     for key, version in versions.items():
         finding_id = int(key) if isinstance(key, str) and key.isdecimal() and len(key) <= 15 else -1
@@ -337,16 +336,11 @@ def _triage_form(server: Server, members: list[dict[str, Any]], message: Any = N
     """Status and assignee for every listed occurrence at once (a group of 16-83 episodes is one
     problem). The versions as listed go with it: an occurrence someone saved since is left alone."""
     n = len(members)
-    if login_on(server):
-        who: Any = dcc.Dropdown(id=ids.GROUP_ASSIGNEE, options=sorted(server.users), placeholder="assignee: unchanged",
-                                clearable=True)  # fmt: skip
-    else:
-        who = dcc.Input(id=ids.GROUP_ASSIGNEE, placeholder="assignee: unchanged", className="text")
     return html.Div(className="group-triage", children=[
         dcc.Store(id=ids.GROUP_VERSIONS, data={str(m["id"]): m["version"] for m in members}),
         html.Label(["Status", dcc.Dropdown(id=ids.GROUP_STATUS, options=list(FINDING_STATUSES),
                                            placeholder="status: unchanged", clearable=True)]),
-        html.Label(["Assignee", who]),
+        html.Label(["Assignee", assignee_field(server, ids.GROUP_ASSIGNEE, None, "assignee: unchanged")]),
         html.Button(f"Set all {n} occurrence{'s' if n != 1 else ''}", id=ids.GROUP_APPLY, n_clicks=0),
         html.Div(message, id=ids.GROUP_MESSAGE),
     ])  # fmt: skip
@@ -373,8 +367,7 @@ def _common(values: Any) -> Any:
 
 def _statuses(members: list[dict[str, Any]]) -> str:
     """The review status of a group: its occurrences' one status, or how many have each."""
-    counts = Counter(m["status"] for m in members)
-    return next(iter(counts)) if len(counts) == 1 else status_counts(counts)
+    return review_status(m["status"] for m in members)
 
 
 def _ms(ns: int) -> float:

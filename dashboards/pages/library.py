@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ from plotly.utils import PlotlyJSONEncoder
 
 from dashboards import ids
 from dashboards.library import delete_upload, scan_directory, upload_directory
-from dashboards.pages.common import captured, severity_badge, status_counts, where
+from dashboards.pages.common import captured, review_status, severity_badge, status_counts, where
 from dashboards.server import Server
 from nsysan.report.format import duration
 from nsysan.store import NotFound
@@ -142,14 +141,13 @@ def search_results(server: Server, text: str | None) -> Any:
 
 def _search_hit(members: list[dict[str, Any]]) -> html.Li:
     worst = members[0]
-    statuses = Counter(m["status"] for m in members)
     assignees = sorted({m["assignee"] for m in members if m["assignee"]})
     many = (
         f" · {len(members)} occurrences, {duration(sum(m['impact_ns'] for m in members))} in all"
         if len(members) > 1
         else ""
     )
-    review = next(iter(statuses)) if len(statuses) == 1 else status_counts(statuses)
+    review = review_status(m["status"] for m in members)
     return html.Li([severity_badge(worst["severity"]), " ", dcc.Link(worst["title"], href=f"/findings/{worst['id']}"),
                     f" · {worst['kind']} · {where(worst)}{many} · {review}{' · ' + ', '.join(assignees) if assignees else ''} · in ",
                     dcc.Link(worst["trace_name"], href=f"/traces/{worst['trace_id']}/findings")], className="search-hit")  # fmt: skip

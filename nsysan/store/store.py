@@ -275,6 +275,12 @@ class ReviewStore:
         with self.session() as s:
             return [_finding(f) for f in s.scalars(query.order_by(FindingRecord.impact_ns.desc(), FindingRecord.id))]
 
+    def finding_ids(self, trace_id: int) -> set[int]:
+        """The ids of all the trace's findings (those the latest analysis lacks too): cheap, for
+        checking ids a page sends back."""
+        with self.session() as s:
+            return set(s.scalars(sa.select(FindingRecord.id).where(FindingRecord.trace_id == trace_id)))
+
     def finding(self, finding_id: int) -> dict[str, Any]:
         """One finding with its review: ``comments``, ``events`` (status and assignee changes) and
         ``thread``, both in the order they happened."""
