@@ -34,14 +34,16 @@ class NotReady(InputError):
 
 
 def analyse_stored_trace(store: ReviewStore, trace_id: int) -> None:
-    """Run the report on a registered trace and store its findings, matched to those of its earlier
+    """Run the report on a registered trace, with the detector settings it was last asked for
+    (``ReviewStore.request_analysis``), and store its findings, matched to those of its earlier
     analysis (a finding found again keeps its id and review, one no longer found is kept and marked,
     see ``ReviewStore.save_analysis``); a trace that cannot be read is marked failed, with the reason,
     before the error goes on."""
     paths = store.start_analysis(trace_id)
+    settings = store.trace(trace_id)["settings"]
     try:
         with load_trace(paths) as trace:
-            document = analyse(trace)
+            document = analyse(trace, settings or None)
             captured_utc_ns = capture_start_utc_ns(trace)
     except NsysanError as exc:
         store.mark_failed(trace_id, str(exc))
@@ -175,8 +177,15 @@ class AnalysisQueue:
         self._set(trace_id, "queued")
         self._pool.submit(self._run, trace_id)
 
+    def reanalyse(self, trace_id: int, settings: dict[str, dict[str, float]]) -> None:
+        """Analyse a trace again with these detector settings (recorded first: a restart resumes the
+        analysis with them); what changes of each finding goes into its thread."""
+        self._store.request_analysis(trace_id, settings)
+        self.submit(trace_id)
+
     def resume(self) -> int:
-        """Queue every trace a previous server left unanalysed (or stopped in the middle of)."""
+        """Queue every trace a previous server left unanalysed (or stopped in the middle of), each
+        with the settings it was asked for."""
         pending = [t["id"] for t in self._store.traces() if t["status"] in ("registered", "analysing")]
         for trace_id in pending:
             self.submit(trace_id)

@@ -24,6 +24,9 @@ class Server:
     users: dict[str, str] = field(default_factory=dict)
     session_hours: float = auth.DEFAULT_SESSION_HOURS  # a login lasts this long at most
     secure_cookies: bool = False  # send the session cookie over HTTPS only
+    # who may re-analyse a trace with other settings: None everyone who may use the dashboard, else these
+    # users (empty: nobody); `nsysan serve --reanalyse-by`
+    reanalysers: frozenset[str] | None = None
     refused: list[str] = field(default_factory=list)  # why exports in traces_dir were not registered (last scan)
     timelines: TimelineCache = field(init=False)
     scan_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
@@ -36,6 +39,13 @@ class Server:
     @property
     def login_required(self) -> bool:
         return bool(self.users)
+
+    def may_reanalyse(self) -> bool:
+        """Whether the person asking may re-analyse traces (the logged-in user, with login on)."""
+        if self.reanalysers is None:
+            return True
+        user = auth.current_user()
+        return user is not None and user in self.reanalysers
 
     def author(self, typed: str | None) -> str:
         """Who is writing: the logged-in user, else the name typed in the header (no login on loopback)."""

@@ -621,6 +621,14 @@ def serve(
         bool,
         typer.Option("--secure-cookies", help="Send the session cookie over HTTPS only (serve behind a TLS proxy)."),
     ] = False,
+    reanalyse_by: Annotated[
+        str,
+        typer.Option(
+            "--reanalyse-by",
+            help="Who may re-analyse a trace with other settings from the dashboard: everyone, nobody, "
+            "or a comma-separated list of users (needs login).",
+        ),
+    ] = "everyone",
 ) -> None:
     """Open the web dashboard where a team reviews traces and findings together.
 
@@ -645,12 +653,32 @@ def serve(
         raise InputError("--max-upload-mb must be positive")
     if not 0 < session_hours <= 24 * 365:
         raise InputError("--session-hours must be positive (and at most a year)")
+    reanalysers = _reanalysers(reanalyse_by, users)
     _configure_cache(None, off=False)  # a re-analysis or a restart reads the exports' frames from the cache
     store = ReviewStore(db)
     typer.echo(f"nsysan: serving http://{host}:{port}/ (store {store.engine.url.render_as_string(hide_password=True)}"
                f"{', traces from ' + str(traces_dir) if traces_dir else ''}{', login required' if users else ''})", err=True)  # fmt: skip
     start(Server(store, traces_dir=traces_dir, uploads_dir=uploads_dir, max_upload_bytes=max_upload_mb * 2**20,
-                 users=users, session_hours=session_hours, secure_cookies=secure_cookies), host, port)  # fmt: skip
+                 users=users, session_hours=session_hours, secure_cookies=secure_cookies, reanalysers=reanalysers),
+          host, port)  # fmt: skip
+
+
+def _reanalysers(option: str, users: dict[str, str]) -> frozenset[str] | None:
+    """``--reanalyse-by``: None for everyone, else the users it names (none for "nobody")."""
+    said = option.strip()
+    if said == "everyone":
+        return None
+    if said == "nobody":
+        return frozenset()
+    names = frozenset(n.strip() for n in said.split(",") if n.strip())
+    if not users:
+        raise InputError("--reanalyse-by names users, but the server has no login: give --users, or say everyone "
+                         "or nobody")  # fmt: skip
+    unknown = sorted(names - set(users))
+    if not names or unknown:
+        raise InputError(f"--reanalyse-by: {', '.join(unknown) or repr(option)} is not a user of this server "
+                         "(everyone, nobody, or users of --users / NSYSAN_USERS)")  # fmt: skip
+    return names
 
 
 @app.command("hash-password")

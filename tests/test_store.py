@@ -212,7 +212,8 @@ def test_a_finding_the_new_analysis_lacks_is_kept_and_marked_and_a_new_one_added
     # the one not found again: kept with its review, marked, out of the latest analysis's lists and counts
     missing = store.finding(gone["id"])
     assert (missing["present"], missing["status"], missing["assignee"]) == (False, "confirmed", "bob")
-    assert missing["missing_since"] and [c["body"] for c in missing["comments"]] == ["look at rank 0"]
+    assert missing["missing_since"] and [c["body"] for c in missing["comments"]] == [
+        "look at rank 0", "No longer found by the re-analysis (default settings)."]  # fmt: skip
     assert gone["id"] not in {f["id"] for f in latest} and sum(store.trace(trace_id)["findings"].values()) == 6
     (row,) = store.traces()  # the library's review progress counts the latest analysis's findings only
     assert row["review"] == {"open": 6, "confirmed": 0, "false positive": 0, "fixed": 0} and row["to_do"] == {}
@@ -319,7 +320,7 @@ def test_a_schema_1_store_gains_finding_groups_and_keeps_its_review(url):
     _schema_1_store(url)
     s = ReviewStore(url)
     version, columns = _state(url)
-    assert version == str(SCHEMA_VERSION) == "6" and {"group", "recoverable_ns"} <= set(columns)
+    assert version == str(SCHEMA_VERSION) == "7" and {"group", "recoverable_ns"} <= set(columns)
     (old,) = s.findings(1)
     assert old["group"] == "" and (old["status"], old["assignee"], old["version"]) == ("confirmed", "ada", 3)
     assert old["recoverable_ns"] is None and s.steps(1) is None  # no report of then computed them
@@ -382,7 +383,7 @@ def _tables(url: str) -> set[str]:
 def test_a_schema_2_store_keeps_its_comments_and_notes_in_one_table(url):
     _schema_2_store(url)
     s = ReviewStore(url)
-    assert _state(url)[0] == str(SCHEMA_VERSION) == "6"
+    assert _state(url)[0] == str(SCHEMA_VERSION) == "7"
     assert "remarks" in _tables(url) and not _tables(url) & {"comments", "trace_notes"}
     comments = s.finding(1)["comments"]
     assert [(c["author"], c["body"]) for c in comments] == [("ada", "seen it"), ("bob", "fixed in #42")]

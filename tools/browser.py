@@ -40,12 +40,12 @@ class ServeProcess:
     returns once it answers (a login page counts)."""
 
     def __init__(self, traces: Path, db: str, workdir: Path, *, host: str = "127.0.0.1",
-                 env: dict[str, str] | None = None, timeout: float = 60.0) -> None:  # fmt: skip
+                 env: dict[str, str] | None = None, args: tuple[str, ...] = (), timeout: float = 60.0) -> None:  # fmt: skip
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log = workdir / "serve.log"
         command = [sys.executable, "-m", "nsysan", "serve", "--db", db, "--traces", str(traces), "--host", host,
-                   "--port", str(port), "--uploads", str(workdir / "uploads")]  # fmt: skip
+                   "--port", str(port), "--uploads", str(workdir / "uploads"), *args]  # fmt: skip
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}

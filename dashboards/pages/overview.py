@@ -31,6 +31,8 @@ from dashboards.analysis import stored_steps
 from dashboards.pages.common import captured, cell, missing, severity_badge, thread
 from dashboards.server import Server
 from dashboards.timeline import LANE_COLOURS, LANES, SEVERITY_COLOURS, TimelineData, evidence_items
+from nsysan.detect.registry import parse_settings
+from nsysan.errors import InputError
 from nsysan.report import format as fmt
 from nsysan.report.document import fold_groups
 from nsysan.report.sections import tables
@@ -51,6 +53,8 @@ GROUPS_TABLE = "overview-groups"
 LIMITATIONS = "overview-limitations"
 LEGEND = "overview-legend"
 
+MAX_SETTINGS = 64  # lines of settings a re-analysis takes (every detector has fewer than ten)
+MAX_SETTING_CHARS = 200
 _NUMBER = re.compile(r"-?[0-9]{1,12}(\.[0-9]{1,9})?")
 _SHOWN_TABLES = ("Top kernels by total time", "NCCL time by operation and size", "Memory copies")
 
@@ -128,7 +132,47 @@ def layout(server: Server, trace_id: int, search: str | None = None) -> html.Div
         html.Div(_notes(server, trace_id), id=ids.NOTES),
         dcc.Textarea(id=ids.NOTE_TEXT, placeholder="A note on this trace for the team", className="text"),
         html.Button("Add note", id=ids.NOTE_ADD, n_clicks=0),
+        _reanalysis_form(server, t),
     ])  # fmt: skip
+
+
+def _reanalysis_form(server: Server, t: dict[str, Any]) -> html.Details:
+    """Re-analyse with other detector thresholds (``nsysan report --set``'s, one a line), for those
+    the server lets (``--reanalyse-by``). What changes of each finding is written into its thread."""
+    lines = "\n".join(f"{kind}.{param}={value}" for kind, params in sorted(t["settings"].items())
+                      for param, value in sorted(params.items()))  # fmt: skip
+    allowed = server.may_reanalyse()
+    return html.Details(className="reanalyse", children=[
+        html.Summary("Re-analyse with other settings"),
+        html.P(["Detector thresholds, one KIND.PARAM=VALUE a line (", html.Code("nsysan detectors"),
+                " lists them); empty for the defaults. Findings keep their review; what changes of each is "
+                "written into its thread."], className="hint"),
+        dcc.Textarea(id=ids.REANALYSE_SETTINGS, value=lines, className="text",
+                     placeholder="comm_compute_slowdown.min_ratio=1.3", disabled=not allowed),
+        html.Button("Re-analyse", id=ids.REANALYSE, n_clicks=0, disabled=not allowed),
+        html.Div(None if allowed else html.P("This server lets only some users re-analyse traces.", className="hint"),
+                 id=ids.REANALYSE_MESSAGE),
+    ])  # fmt: skip
+
+
+def reanalyse(server: Server, trace_id: int, text: str | None) -> tuple[Any, bool]:
+    """Queue the trace's analysis with the settings typed (checked first: one line says what is
+    wrong, and nothing is queued); the message and whether the page stops polling (it polls while
+    the analysis runs, and redraws when it is done)."""
+    if not server.may_reanalyse():
+        return html.P("Not re-analysed: this server lets only some users re-analyse traces.", className="error"), True
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    try:
+        if len(lines) > MAX_SETTINGS:
+            raise InputError(f"at most {MAX_SETTINGS} settings")
+        settings = parse_settings(line[:MAX_SETTING_CHARS] for line in lines)
+        if server.store.trace(trace_id)["status"] in ("registered", "analysing"):
+            raise InputError("the trace is being analysed already; try again when it is done")
+    except (InputError, NotFound) as exc:
+        return html.P(f"Not re-analysed: {str(exc).removeprefix('--set ')}", className="error"), True
+    server.analysis.reanalyse(trace_id, settings)
+    said = ", ".join(lines) or "the default settings"
+    return html.P(f"Re-analysing with {said}; the page updates when it is done.", className="ok"), False
 
 
 def register(app: dash.Dash, server: Server) -> None:
@@ -234,6 +278,12 @@ def register(app: dash.Dash, server: Server) -> None:
         Output(URL_SYNC, "data"),
         Input(VIEW, "data"),
     )
+
+    @app.callback(Output(ids.REANALYSE_MESSAGE, "children"), Output(ids.TRACE_POLL, "disabled", allow_duplicate=True),
+                  Input(ids.REANALYSE, "n_clicks"), State(ids.REANALYSE_SETTINGS, "value"), State(ids.TRACE_ID, "data"),
+                  prevent_initial_call=True)  # fmt: skip
+    def _reanalyse(_n: int, text: str | None, trace_id: int) -> Any:
+        return reanalyse(server, trace_id, text)
 
     @app.callback(Output(ids.NOTES, "children"), Output(ids.NOTE_TEXT, "value"), Input(ids.NOTE_ADD, "n_clicks"),
                   State(ids.NOTE_TEXT, "value"), State(ids.TRACE_ID, "data"), State(ids.AUTHOR, "value"),

@@ -11,8 +11,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 # The schema's number, which every Alembic revision records in nsysan_meta for older nsysan to read
 # (2: findings.group; 3: comments and notes in one table, remarks; 4: findings.present and
 # missing_since, findings kept across re-analysis; 5: review_events, the history of status and
-# assignee; 6: findings.recoverable_ns and trace_steps, the report's steps section); docs/store.md
-SCHEMA_VERSION = 6
+# assignee; 6: findings.recoverable_ns and trace_steps, the report's steps section; 7: traces.settings,
+# the detector settings of the trace's latest analysis); docs/store.md
+SCHEMA_VERSION = 7
 VERSION_TABLE = "nsysan_alembic_version"  # Alembic's, named for nsysan in case the database is shared
 FINDING_STATUSES = ("open", "confirmed", "false positive", "fixed")
 OPEN_STATUSES = ("open", "confirmed")  # still to do: a finding not yet judged, or judged real and not fixed
@@ -52,6 +53,9 @@ class TraceRecord(Base):
     devices: Mapped[list[Any]] = mapped_column(default=list)
     captured_utc_ns: Mapped[int | None] = mapped_column(sa.BigInteger, default=None)
     summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # the detector settings ({kind: {param: value}}, defaults left out) of the latest analysis, asked for
+    # or running: an interrupted one resumes with them
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
     registered_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
     findings: Mapped[list[FindingRecord]] = relationship(back_populates="trace", cascade="all, delete-orphan")
     remarks: Mapped[list[RemarkRecord]] = relationship(back_populates="trace", cascade="all, delete-orphan")

@@ -113,8 +113,17 @@ class ReviewStore:
             s.flush()
             return record.id
 
+    def request_analysis(self, trace_id: int, settings: dict[str, dict[str, float]]) -> None:
+        """Ask for the trace to be analysed again, with these detector settings ({kind: {param:
+        value}}; {} for the defaults): recorded before any work starts, so a server stopped before or
+        during the analysis resumes it with them (the trace is ``registered`` until it starts)."""
+        with self._session.begin() as s:
+            record = self._trace(s, trace_id)
+            record.settings, record.status, record.error = settings, "registered", None
+
     def start_analysis(self, trace_id: int) -> list[str]:
-        """Mark a trace as being analysed; returns its files, for the caller to analyse."""
+        """Mark a trace as being analysed; returns its files, for the caller to analyse (with the
+        trace's ``settings``)."""
         with self._session.begin() as s:
             record = self._trace(s, trace_id)
             record.status = "analysing"
@@ -145,16 +154,21 @@ class ReviewStore:
             matched = identity.match([_finding(f) for f in stored], found)
             again = set(matched.values())
             now = _now()
+            said = _settings_text(record.settings or {})
             for i, old in enumerate(stored):
                 if i not in again and old.present:
                     old.present, old.missing_since = False, now
+                    s.add(_analysis_remark(old, f"No longer found by the re-analysis ({said}).", now))
             for j, new in enumerate(found):
                 if j in matched:
                     old = stored[matched[j]]
+                    changes = _changes(old, new, was_present=old.present)
                     for key in _ANALYSED:
                         if key in new:
                             setattr(old, key, new[key])
                     old.present, old.missing_since = True, None
+                    if changes:
+                        s.add(_analysis_remark(old, f"Re-analysis ({said}): {'; '.join(changes)}.", now))
                 else:
                     s.add(FindingRecord(**new, trace_id=trace_id))
             # replaced, not merged: the old section is never read back (it can be large)
@@ -246,7 +260,8 @@ class ReviewStore:
                 {"id": t.id, "name": t.name, "status": t.status, "error": t.error, "ranks": t.ranks,
                  "devices": t.devices, "captured_utc_ns": t.captured_utc_ns,
                  "findings": by_trace.get(t.id, dict(counts)), "step_ns": _step_ns(t.summary or {}),
-                 "review": review.get(t.id, dict.fromkeys(FINDING_STATUSES, 0)), "to_do": to_do.get(t.id, {})}
+                 "review": review.get(t.id, dict.fromkeys(FINDING_STATUSES, 0)), "to_do": to_do.get(t.id, {}),
+                 "settings": t.settings or {}}
                 for t in s.scalars(listed)
             ]  # fmt: skip
 
@@ -517,6 +532,39 @@ def _utc(when: dt.datetime) -> dt.datetime:
 
 def _remark(c: RemarkRecord) -> dict[str, Any]:
     return {"id": c.id, "author": c.author, "body": c.body, "created_at": _utc(c.created_at).isoformat()}
+
+
+ANALYSIS_AUTHOR = "nsysan"  # the author of what a re-analysis writes into a finding's thread
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    """Settings as ``nsysan report --set`` takes them, or "default settings"."""
+    pairs = [
+        f"{kind}.{param}={value}"
+        for kind, params in sorted(settings.items())
+        for param, value in sorted(params.items())
+    ]
+    return "settings " + ", ".join(pairs) if pairs else "default settings"
+
+
+def _changes(old: FindingRecord, new: dict[str, Any], was_present: bool) -> list[str]:
+    """What a re-analysis changed of a finding a reviewer sees: its title (which carries its figures),
+    severity and recoverable time, or that it is found again (a finding changing silently under its
+    review is how a reviewed "122 ms in 5 calls" became "206.9 ms in 29 calls" unnoticed)."""
+    out = [] if was_present else ["found again"]
+    if new.get("title", old.title) != old.title:
+        out.append(f"title was “{old.title}”, now “{new['title']}”")
+    if new.get("severity", old.severity) != old.severity:
+        out.append(f"severity {old.severity} → {new['severity']}")
+    recoverable = new.get("recoverable_ns", old.recoverable_ns)
+    if recoverable != old.recoverable_ns and old.recoverable_ns is not None and recoverable is not None:
+        out.append(f"recoverable {old.recoverable_ns / 1e6:.3f} ms → {recoverable / 1e6:.3f} ms")
+    return out
+
+
+def _analysis_remark(finding: FindingRecord, body: str, when: dt.datetime) -> RemarkRecord:
+    return RemarkRecord(kind="comment", trace_id=finding.trace_id, finding=finding, author=ANALYSIS_AUTHOR,
+                        body=body, created_at=when)  # fmt: skip
 
 
 def _event(e: ReviewEventRecord) -> dict[str, Any]:
