@@ -159,3 +159,29 @@ def test_a_schema_6_store_gains_settings(url):
     assert (t["name"], t["status"], t["settings"]) == ("six", "ready", {})
     s.request_analysis(t["id"], SLOWER)
     assert s.trace(t["id"])["settings"] == SLOWER
+
+
+def test_with_login_only_the_users_reanalyse_by_names_may(store):
+    import flask
+
+    from dashboards.pages.overview import _reanalysis_form
+
+    trace_id = store.register(sample_paths("pipeline-stall"), name="pipeline-stall")
+    server = Server(store, users={"ada": "h", "ben": "h"}, reanalysers=frozenset({"ada"}))
+    app = flask.Flask(__name__)
+    app.secret_key = "test"
+    try:
+        with app.test_request_context():
+            flask.session["user"] = "ben"
+            assert not server.may_reanalyse()
+            form = _reanalysis_form(server, store.trace(trace_id))
+            assert [c.disabled for c in form.children if hasattr(c, "disabled")] == [True, True]
+            message, _ = reanalyse(server, trace_id, "")
+            assert message.className == "error" and store.trace(trace_id)["status"] == "registered"
+            flask.session["user"] = "ada"
+            assert server.may_reanalyse()
+            assert reanalyse(server, trace_id, "")[0].children.startswith(
+                "Not re-analysed: the trace is being analysed"
+            )
+    finally:
+        server.analysis.shutdown()
