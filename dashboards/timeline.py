@@ -223,11 +223,14 @@ class TimelineData:
         )  # fmt: skip
 
     def _rows_of(self, rank: int | None, device: int | None) -> list[int]:
-        rows = self.rows
-        where = rows["rank"] == rank if rank is not None else pd.Series(True, index=rows.index)
+        """The rows of a rank (all, without one) on a GPU (and its rows of no GPU, like NVTX); in numpy:
+        called per finding, and pandas' per-call cost made 446 findings 0.8 s of a page."""
+        ranks = self.rows["rank"].to_numpy(dtype=np.float64, na_value=np.nan)
+        where = ranks == rank if rank is not None else np.ones(len(ranks), dtype=bool)
         if device is not None:
-            where &= rows["device"].isna() | (rows["device"] == device)
-        return rows.index[where.fillna(False)].tolist()
+            devices = self.rows["device"].to_numpy(dtype=np.float64, na_value=np.nan)
+            where &= np.isnan(devices) | (devices == device)
+        return np.flatnonzero(where).tolist()
 
     def _markers(self, fig: go.Figure, findings: Sequence[dict[str, Any]], labels: list[str], ms: Any, t0: int,
                  t1: int, zoomed: bool) -> None:  # fmt: skip
@@ -243,16 +246,19 @@ class TimelineData:
         xs = [float(ms(min(max(c["at_ns"], t0 + inset), t1 - inset))) for c in clusters]
         ys = [labels[c["row"]] for c in clusters]
         # what is seen and clicked: an annotation per cluster ("▼×6"), lifted into the gap above its
-        # row; annotations are drawn above the WebGL bars, which would cover a trace's marker
+        # row; annotations are drawn above the WebGL bars, which would cover a trace's marker. Set
+        # at once: add_annotation validates every annotation so far on each call (36 groups: 0.9 s)
+        annotations = []
         for x, y, c in zip(xs, ys, clusters, strict=True):
             colour = SEVERITY_COLOURS.get(c["severity"], "#000")
             count = f"×{c['count']}" if c["count"] > 1 else ""
-            fig.add_annotation(
-                x=x, y=y, xref="x", yref="y", yshift=MARKER_LIFT_PX, showarrow=False, captureevents=True,
-                text=f"<span style='color:{colour}'>▼</span>{count}", font={"size": 15, "color": "#222"},
-                hovertext=c["hover"], name=f"finding-{c['id']}", xanchor="left" if count else "center",
-                xshift=-7 if count else 0,
-            )  # fmt: skip
+            annotations.append({
+                "x": x, "y": y, "xref": "x", "yref": "y", "yshift": MARKER_LIFT_PX, "showarrow": False,
+                "captureevents": True, "text": f"<span style='color:{colour}'>▼</span>{count}",
+                "font": {"size": 15, "color": "#222"}, "hovertext": c["hover"], "name": f"finding-{c['id']}",
+                "xanchor": "left" if count else "center", "xshift": -7 if count else 0,
+            })  # fmt: skip
+        fig.update_layout(annotations=list(fig.layout.annotations) + annotations)
         # the same clusters as a trace on the rows (hover and click there too; plotly's clickData)
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="markers", name="findings", customdata=[c["id"] for c in clusters],

@@ -53,6 +53,7 @@ GROUPS_TABLE = "overview-groups"
 LIMITATIONS = "overview-limitations"
 LEGEND = "overview-legend"
 
+POLL_MS = 500  # while the trace is analysed or its timeline built: a cheap status read a tick
 MAX_SETTINGS = 64  # lines of settings a re-analysis takes (every detector has fewer than ten)
 MAX_SETTING_CHARS = 200
 _NUMBER = re.compile(r"-?[0-9]{1,12}(\.[0-9]{1,9})?")
@@ -127,7 +128,7 @@ def layout(server: Server, trace_id: int, search: str | None = None) -> html.Div
         dcc.Store(id=TIMELINE_READY),
         html.Div(_summary(server, t), id=SUMMARY),
         html.Div(body, id=BODY),
-        dcc.Interval(id=ids.TRACE_POLL, interval=1000, disabled=final),
+        dcc.Interval(id=ids.TRACE_POLL, interval=POLL_MS, disabled=final),
         html.H2("Notes"),
         html.Div(_notes(server, trace_id), id=ids.NOTES),
         dcc.Textarea(id=ids.NOTE_TEXT, placeholder="A note on this trace for the team", className="text"),
