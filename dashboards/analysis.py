@@ -39,16 +39,15 @@ def analyse_stored_trace(store: ReviewStore, trace_id: int) -> None:
     analysis (a finding found again keeps its id and review, one no longer found is kept and marked,
     see ``ReviewStore.save_analysis``); a trace that cannot be read is marked failed, with the reason,
     before the error goes on."""
-    paths = store.start_analysis(trace_id)
-    settings = store.trace(trace_id)["settings"]
+    job = store.start_analysis(trace_id)
     try:
-        with load_trace(paths) as trace:
-            document = analyse(trace, settings or None)
+        with load_trace(job.paths) as trace:
+            document = analyse(trace, job.settings or None)
             captured_utc_ns = capture_start_utc_ns(trace)
     except NsysanError as exc:
         store.mark_failed(trace_id, str(exc))
         raise
-    store.save_analysis(trace_id, document, captured_utc_ns)
+    store.save_analysis(trace_id, document, captured_utc_ns, job.settings)
 
 
 def stored_steps(store: ReviewStore, trace_id: int) -> dict[str, Any] | None:

@@ -36,6 +36,7 @@ from werkzeug.wrappers import Response
 from wtforms import ValidationError
 
 from nsysan.errors import InputError
+from nsysan.store.store import ANALYSIS_AUTHOR
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -87,6 +88,8 @@ def load_users(path: Path | None = None, env: str | None = None) -> dict[str, st
                 )
             users[name] = hashed
     for name, hashed in users.items():
+        if name == ANALYSIS_AUTHOR:
+            raise InputError(f"user {name!r}: the name is nsysan's own, for what a re-analysis writes; choose another")
         if "$" not in hashed:
             raise InputError(f"user {name!r}: the password must be a hash (`nsysan hash-password`), not the password")
     return users

@@ -42,6 +42,7 @@ FIELD_LIMITS: dict[str, tuple[str, int]] = {
     ids.NOTE_TEXT: ("note", MAX_TEXT_CHARS),
     ids.ASSIGNEE: ("assignee", MAX_NAME_CHARS),
     ids.AUTHOR: ("name", MAX_NAME_CHARS),
+    ids.REANALYSE_SETTINGS: ("settings", 64 * 200),  # the form's limits: 64 lines of 200 characters
 }
 # components whose value is a trace's or finding's id (or a version): whole numbers, as routes allow
 ID_FIELDS = frozenset({ids.TRACE_ID, ids.FINDING_ID, ids.FINDING_VERSION, ids.COMPARE_BEFORE, ids.COMPARE_AFTER})

@@ -11,6 +11,7 @@ from pathlib import Path
 from dashboards import auth
 from dashboards.analysis import AnalysisQueue, TimelineCache
 from nsysan.store import ReviewStore
+from nsysan.store.store import ANALYSIS_AUTHOR
 
 DEFAULT_MAX_UPLOAD_MB = 200
 
@@ -49,4 +50,5 @@ class Server:
 
     def author(self, typed: str | None) -> str:
         """Who is writing: the logged-in user, else the name typed in the header (no login on loopback)."""
-        return auth.current_user() or (typed or "").strip()[:64] or "anonymous"
+        name = auth.current_user() or (typed or "").strip()[:64] or "anonymous"
+        return "anonymous" if name == ANALYSIS_AUTHOR else name  # nsysan's own name, for what a re-analysis writes

@@ -105,11 +105,19 @@ def test_the_form_refuses_bad_settings_in_one_line_and_queues_nothing(store):
             ("comm_compute_slowdown.min_ratio=-1", "needs a finite number >= 0"),
             ("comm_compute_slowdown.min_samples=2.5", "is a whole number"),
             ("x.y=1\n" * 65, "at most 64 settings"),
+            ("comm_compute_slowdown.min_ratio=" + " " * 167 + "12", "a setting of over 200 characters"),
+            (
+                "nccl_ordering_stall.max_position_pairs=1000000000",
+                "nccl_ordering_stall.max_position_pairs=1000000000 raises a limit on the memory",
+            ),
+            ({"not": "text"}, "the settings are not text"),
         ):
             message, stop_polling = reanalyse(server, trace_id, text)
             assert message.className == "error" and message.children.startswith("Not re-analysed: ") and stop_polling
-            assert said in message.children and "--set" not in message.children
+            assert said in message.children and not message.children.startswith("Not re-analysed: --set")
         assert store.trace(trace_id)["status"] == "ready" and store.trace(trace_id)["settings"] == {}
+        lowered = reanalyse(server, trace_id, "nccl_ordering_stall.max_candidates=32")[0]  # a limit lowered: fine
+        assert lowered.className == "ok" and server.analysis.wait(120)
 
         server.reanalysers = frozenset()  # --reanalyse-by nobody
         message, _ = reanalyse(server, trace_id, "")
@@ -118,9 +126,11 @@ def test_the_form_refuses_bad_settings_in_one_line_and_queues_nothing(store):
 
         server.reanalysers = None
         message, stop_polling = reanalyse(server, trace_id, " nccl_ordering_stall.min_stall_ns = 5000 \n\n")
+        assert server.store.trace(trace_id)["status"] == "registered"  # queued at once
         assert message.className == "ok" and not stop_polling
         assert store.trace(trace_id)["settings"] == {"nccl_ordering_stall": {"min_stall_ns": 5000}}
-        message, _ = reanalyse(server, trace_id, "")  # while it runs: refused, not queued twice
+        message, _ = reanalyse(server, trace_id, "")  # queued or running: refused, not queued twice
+        assert message.children == "Not re-analysed: the trace is being analysed already; try again when it is done"
         assert server.analysis.wait(120)
         assert store.trace(trace_id)["status"] == "ready"
     finally:
@@ -185,3 +195,12 @@ def test_with_login_only_the_users_reanalyse_by_names_may(store):
             )
     finally:
         server.analysis.shutdown()
+
+
+def test_nobody_writes_in_a_thread_as_nsysan(store):
+    from dashboards.auth import hash_password, load_users
+    from nsysan.errors import InputError
+
+    assert Server(store).author(ANALYSIS_AUTHOR) == "anonymous" and Server(store).author(" ada ") == "ada"
+    with pytest.raises(InputError, match="the name is nsysan's own"):
+        load_users(None, f"{ANALYSIS_AUTHOR}={hash_password('pass-word-42')}")

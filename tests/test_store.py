@@ -154,7 +154,7 @@ def test_compare_before_and_after_a_fix(store):
 
 def test_findings_keep_their_group(store):
     trace_id = store.register(sample_paths("pipeline-stall"))
-    with load_trace(store.start_analysis(trace_id)) as trace:
+    with load_trace(store.start_analysis(trace_id).paths) as trace:
         doc = _only(analyse(trace), "nccl_ordering_stall")
     # the detectors may not emit groups yet: give every finding one
     grouped = [f | {"group": f"{f['kind']}|rank {f['rank']}"} for f in doc["findings"]]
@@ -165,7 +165,7 @@ def test_findings_keep_their_group(store):
 
 
 def _document(store: ReviewStore, trace_id: int) -> dict:
-    with load_trace(store.start_analysis(trace_id)) as trace:
+    with load_trace(store.start_analysis(trace_id).paths) as trace:
         return analyse(trace)
 
 

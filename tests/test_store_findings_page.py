@@ -31,7 +31,7 @@ def _text(component) -> str:
 def test_a_finding_not_found_again_is_listed_last_greyed_and_says_so(tmp_path):
     store = ReviewStore(tmp_path / "review.sqlite")
     trace_id = store.register(sample_paths("overlap-slowdown"))
-    with load_trace(store.start_analysis(trace_id)) as trace:
+    with load_trace(store.start_analysis(trace_id).paths) as trace:
         doc = _only(analyse(trace), "comm_compute_slowdown")  # six episodes of one slowdown
     store.save_analysis(trace_id, doc)
     gone = store.findings(trace_id)[0]

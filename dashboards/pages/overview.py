@@ -31,7 +31,7 @@ from dashboards.analysis import stored_steps
 from dashboards.pages.common import captured, cell, missing, severity_badge, thread
 from dashboards.server import Server
 from dashboards.timeline import LANE_COLOURS, LANES, SEVERITY_COLOURS, TimelineData, evidence_items
-from nsysan.detect.registry import parse_settings
+from nsysan.detect.registry import parse_settings, raised_limits
 from nsysan.errors import InputError
 from nsysan.report import format as fmt
 from nsysan.report.document import fold_groups
@@ -162,16 +162,22 @@ def reanalyse(server: Server, trace_id: int, text: str | None) -> tuple[Any, boo
     the analysis runs, and redraws when it is done)."""
     if not server.may_reanalyse():
         return html.P("Not re-analysed: this server lets only some users re-analyse traces.", className="error"), True
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     try:
+        if text is not None and not isinstance(text, str):
+            raise InputError("the settings are not text; reload the page")
+        lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
         if len(lines) > MAX_SETTINGS:
             raise InputError(f"at most {MAX_SETTINGS} settings")
-        settings = parse_settings(line[:MAX_SETTING_CHARS] for line in lines)
-        if server.store.trace(trace_id)["status"] in ("registered", "analysing"):
-            raise InputError("the trace is being analysed already; try again when it is done")
+        if any(len(line) > MAX_SETTING_CHARS for line in lines):
+            raise InputError(f"a setting of over {MAX_SETTING_CHARS} characters")
+        settings = parse_settings(lines)
+        raised = raised_limits(settings)
+        if raised:
+            raise InputError(f"{', '.join(raised)} raises a limit on the memory or work an analysis takes, which the "
+                             "dashboard never raises (lower it, or use nsysan report --set on your own machine)")  # fmt: skip
+        server.analysis.reanalyse(trace_id, settings)
     except (InputError, NotFound) as exc:
         return html.P(f"Not re-analysed: {str(exc).removeprefix('--set ')}", className="error"), True
-    server.analysis.reanalyse(trace_id, settings)
     said = ", ".join(lines) or "the default settings"
     return html.P(f"Re-analysing with {said}; the page updates when it is done.", className="ok"), False
 

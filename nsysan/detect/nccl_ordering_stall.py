@@ -62,10 +62,12 @@ class Params(SeverityParams):
     min_iterations: int = param(2, "iterations whose ends must all agree to infer participants without payloads")
     queue_tolerance_ns: int = param(20_000, "B counts as queued behind A if it started within this after A ended")
     max_candidates: int = param(
-        64, "nearest NCCL ops (by end time) examined as participants of each op (at least 2 x ranks)"
+        64, "nearest NCCL ops (by end time) examined as participants of each op (at least 2 x ranks)", limit=True
     )
     max_position_pairs: int = param(
-        100_000_000, "without payloads, ops x candidates beyond which participants are not inferred (memory)"
+        100_000_000,
+        "without payloads, ops x candidates beyond which participants are not inferred (memory)",
+        limit=True,
     )
 
 

@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -62,9 +62,11 @@ class DetectorSpec:
 _REGISTRY: dict[str, DetectorSpec] = {}
 
 
-def param(default: float, help: str) -> Any:
-    """A detector parameter: its default and what it controls (shown by ``nsysan detectors``)."""
-    return dataclasses.field(default=default, metadata={"help": help})
+def param(default: float, help: str, *, limit: bool = False) -> Any:
+    """A detector parameter: its default and what it controls (shown by ``nsysan detectors``).
+    ``limit``: a bound on the work or memory an analysis may take, not a threshold (a shared server
+    lets it be lowered, never raised: :func:`raised_limits`)."""
+    return dataclasses.field(default=default, metadata={"help": help, "limit": limit})
 
 
 def register(
@@ -89,6 +91,17 @@ def register(
 
 def registered() -> dict[str, DetectorSpec]:
     return dict(_REGISTRY)
+
+
+def raised_limits(settings: dict[str, dict[str, float]]) -> list[str]:
+    """The settings that raise a resource limit above its default (``KIND.PARAM=VALUE``), for a
+    server to refuse: one user must not let an analysis take the memory everyone shares."""
+    out = []
+    for kind, values in settings.items():
+        limits = {f.name: f.default for f in dataclasses.fields(_REGISTRY[kind].params) if f.metadata.get("limit")}
+        out += [f"{kind}.{name}={value}" for name, value in values.items()
+                if name in limits and value > cast(float, limits[name])]  # fmt: skip
+    return out
 
 
 def parse_settings(items: Iterable[str]) -> dict[str, dict[str, float]]:

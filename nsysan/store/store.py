@@ -18,7 +18,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
@@ -116,20 +116,28 @@ class ReviewStore:
     def request_analysis(self, trace_id: int, settings: dict[str, dict[str, float]]) -> None:
         """Ask for the trace to be analysed again, with these detector settings ({kind: {param:
         value}}; {} for the defaults): recorded before any work starts, so a server stopped before or
-        during the analysis resumes it with them (the trace is ``registered`` until it starts)."""
+        during the analysis resumes it with them (the trace is ``registered`` until it starts).
+        Refused (InputError) while the trace is queued or being analysed: one statement checks and
+        sets, so two requests at once never queue it twice or swap its settings under a running analysis."""
         with self._session.begin() as s:
-            record = self._trace(s, trace_id)
-            record.settings, record.status, record.error = settings, "registered", None
+            done: sa.CursorResult[Any] = s.execute(  # type: ignore[assignment]
+                sa.update(TraceRecord)
+                .where(TraceRecord.id == trace_id, TraceRecord.status.in_(("ready", "failed")))
+                .values(settings=settings, status="registered", error=None)
+            )
+            if done.rowcount == 0:
+                self._trace(s, trace_id)  # NotFound when there is no such trace
+                raise InputError("the trace is being analysed already; try again when it is done")
 
-    def start_analysis(self, trace_id: int) -> list[str]:
-        """Mark a trace as being analysed; returns its files, for the caller to analyse (with the
-        trace's ``settings``)."""
+    def start_analysis(self, trace_id: int) -> AnalysisJob:
+        """Mark a trace as being analysed; returns its files and the settings to analyse it with."""
         with self._session.begin() as s:
             record = self._trace(s, trace_id)
             record.status = "analysing"
-            return list(record.paths)
+            return AnalysisJob(list(record.paths), dict(record.settings or {}))
 
-    def save_analysis(self, trace_id: int, document: dict[str, Any], captured_utc_ns: int | None = None) -> None:
+    def save_analysis(self, trace_id: int, document: dict[str, Any], captured_utc_ns: int | None = None,
+                      settings: dict[str, Any] | None = None) -> None:  # fmt: skip
         """Store a trace's report document (``nsysan.analysis.analyse``): its summary feeds the library,
         its ``steps`` section (if it has one) replaces the trace's stored one (:meth:`steps`), and the
         trace is ready. Its findings are matched to the stored ones (:mod:`nsysan.store.identity`):
@@ -139,7 +147,8 @@ class ReviewStore:
 
         Of a finding, the store keeps the fields of the findings contract (:data:`DOCUMENT_FIELDS`); a
         key it does not know (a newer contract's, a caller's own) is left out and named in the log,
-        never an error. A finding without ``recoverable_ns`` (a report before version 2) has None."""
+        never an error. A finding without ``recoverable_ns`` (a report before version 2) has None. ``settings``: those
+        the analysis ran with (``start_analysis``'s), named in what it writes into findings' threads."""
         found = [_from_document(f) for f in document["findings"]]
         ignored = sorted({k for f in document["findings"] for k in f} - set(DOCUMENT_FIELDS))
         if ignored:
@@ -154,7 +163,7 @@ class ReviewStore:
             matched = identity.match([_finding(f) for f in stored], found)
             again = set(matched.values())
             now = _now()
-            said = _settings_text(record.settings or {})
+            said = _settings_text(record.settings or {} if settings is None else settings)
             for i, old in enumerate(stored):
                 if i not in again and old.present:
                     old.present, old.missing_since = False, now
@@ -534,6 +543,13 @@ def _remark(c: RemarkRecord) -> dict[str, Any]:
     return {"id": c.id, "author": c.author, "body": c.body, "created_at": _utc(c.created_at).isoformat()}
 
 
+class AnalysisJob(NamedTuple):
+    """What :meth:`ReviewStore.start_analysis` hands the analyser: the trace's files and its settings."""
+
+    paths: list[str]
+    settings: dict[str, Any]
+
+
 ANALYSIS_AUTHOR = "nsysan"  # the author of what a re-analysis writes into a finding's thread
 
 
@@ -557,9 +573,16 @@ def _changes(old: FindingRecord, new: dict[str, Any], was_present: bool) -> list
     if new.get("severity", old.severity) != old.severity:
         out.append(f"severity {old.severity} → {new['severity']}")
     recoverable = new.get("recoverable_ns", old.recoverable_ns)
-    if recoverable != old.recoverable_ns and old.recoverable_ns is not None and recoverable is not None:
-        out.append(f"recoverable {old.recoverable_ns / 1e6:.3f} ms → {recoverable / 1e6:.3f} ms")
+    if old.recoverable_ns is not None and recoverable is not None:
+        was, now = _ms(old.recoverable_ns), _ms(recoverable)
+        if was != now:
+            out.append(f"recoverable {was} → {now}")
     return out
+
+
+def _ms(ns: int) -> str:
+    """A recoverable time as a thread says it: ms to the µs, so a change of a microsecond shows."""
+    return f"{ns / 1e6:,.3f} ms"
 
 
 def _analysis_remark(finding: FindingRecord, body: str, when: dt.datetime) -> RemarkRecord:
