@@ -138,6 +138,41 @@ def figure(steps: dict[str, Any], limit: int = RANK_LIMIT) -> go.Figure:
     return fig
 
 
+def comparison_figure(breakdown: dict[str, Any], limit: int = RANK_LIMIT) -> go.Figure | None:
+    """Before and after a fix side by side, stacked by category (``nsysan diff``'s ``breakdown``: each
+    bar the mean step in ms): first the job (every rank weighing the same), then each rank, up to
+    ``limit`` of them: all when the job has so few, else those whose change is not the job's
+    (``differs``). None when either side has no breakdown."""
+    if not breakdown.get("available"):
+        return None
+    ranks = breakdown["per_rank"]
+    if len(ranks) > limit:
+        ranks = [r for r in ranks if any(c["differs"] for c in r["categories"].values())][:limit]
+    columns = [("job", breakdown["job"])] + [(f"rank {r['rank']}", r["categories"]) for r in ranks]
+    groups, sides = [], []
+    values: dict[str, list[float | None]] = {c: [] for c in CATEGORIES}
+    for label, cats in columns:
+        for side in ("before", "after"):
+            groups.append(label)
+            sides.append(side)
+            for c in CATEGORIES:
+                ns = cats[c][side]
+                values[c].append(None if ns is None else ns / 1e6)
+    fig = go.Figure()
+    for c in CATEGORIES:
+        fig.add_trace(go.Bar(
+            x=[groups, sides], y=values[c], name=CATEGORY_LABELS[c], marker={"color": CATEGORY_COLOURS[c]},
+            hovertemplate=f"<b>{CATEGORY_LABELS[c]}</b><br>%{{x}}: %{{y:,.3f}} ms a step<extra></extra>",
+        ))  # fmt: skip
+    fig.update_layout(
+        barmode="stack", bargap=0.2, height=320, margin={"l": 10, "r": 10, "t": 30, "b": 40}, plot_bgcolor="white",
+        legend={"orientation": "h", "y": 1.1, "x": 0, "traceorder": "normal"},
+        xaxis={"type": "multicategory", "title": "the job (mean over ranks), then ranks: before and after"},
+        yaxis={"title": "ms a step (mean)", "gridcolor": "#eee", "rangemode": "tozero"},
+    )  # fmt: skip
+    return fig
+
+
 def clicked_step(click: dict[str, Any] | None) -> tuple[int, int] | None:
     """(rank, step index) of the bar clicked (plotly's clickData), or None."""
     points = (click or {}).get("points") or [{}]

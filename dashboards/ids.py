@@ -60,5 +60,6 @@ REVIEW_FORM = "review-form"  # the form's saved values as data-* attributes, for
 
 # compare
 COMPARE_BEFORE = "compare-before"
+COMPARE_BREAKDOWN = "compare-breakdown"
 COMPARE_AFTER = "compare-after"
 COMPARE_RESULT = "compare-result"

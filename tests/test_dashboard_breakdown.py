@@ -183,11 +183,30 @@ def test_the_compare_page_shows_the_breakdown_as_the_cli_does(server):
     assert c.diff["breakdown"] == cli["breakdown"] and c.diff["breakdown"]["available"]
     text = str(compare_page._result(server, *ids_))
     assert "Where step time went (mean per step over ranks; steps from nvtx)" in text and "waiting for peer" in text
+    # the same figures as bars: the job, then each rank (4: all drawn), before and after, by category
+    (graph,) = [
+        g for g in _walk(compare_page._result(server, *ids_)) if getattr(g, "id", None) == ids.COMPARE_BREAKDOWN
+    ]
+    bars = {t.name: t for t in graph.figure.data}
+    assert list(bars) == [breakdown.CATEGORY_LABELS[cat] for cat in CATEGORIES]
+    b = c.diff["breakdown"]
+    columns = [("job", b["job"])] + [(f"rank {r['rank']}", r["categories"]) for r in b["per_rank"]]
+    assert len(columns) == 5
+    for cat in CATEGORIES:
+        trace = bars[breakdown.CATEGORY_LABELS[cat]]
+        assert list(trace.x[0]) == [label for label, _ in columns for _ in (0, 1)]
+        assert list(trace.x[1]) == ["before", "after"] * len(columns)
+        assert list(trace.y) == [cats[cat][side] / 1e6 for _, cats in columns for side in ("before", "after")]
+    waiting = bars["waiting for peer"].y
+    assert list(waiting[:2]) == pytest.approx([4.07575, 1.65025], abs=1e-9)  # the job's wait for its late rank, a step
     # a trace stored without steps: the page says the breakdown is unavailable, the rest compares
     old = {k: v for k, v in load_side(str(sample_paths("pipeline-stall")[0])).items() if k != "steps"}
     server.store.save_analysis(ids_[0], old)
     text = str(compare_page._result(server, *ids_))
     assert "step breakdown unavailable: before: no steps section" in text and "Kernel improvements" in text
+    assert not [
+        g for g in _walk(compare_page._result(server, *ids_)) if getattr(g, "id", None) == ids.COMPARE_BREAKDOWN
+    ]
 
 
 def test_clicking_a_bar_through_the_app_zooms_the_timeline(server):

@@ -9,7 +9,7 @@ from typing import Any
 import dash
 from dash import Input, Output, dcc, html
 
-from dashboards import ids
+from dashboards import breakdown, ids
 from dashboards.comparison import compare_traces
 from dashboards.pages.common import cell, severity_badge, where
 from dashboards.server import Server
@@ -64,6 +64,7 @@ def _result(server: Server, before: int | None, after: int | None) -> Any:
         html.P([html.B("Step time (slowest rank's median): "), html.Span(step, id="step-change"),
                 html.Small(f" confidence {confidence(slowest['confidence'])}", className="hint")]),
         html.Ul([html.Li(line, className="error" if line.startswith("not comparable") else "hint") for line in notes(doc)]),
+        *_breakdown_chart(doc),
         html.Div(className="columns compare", children=[
             _column(f"Fixed ({len(c.fixed)})", "fixed", c.fixed, f"in {names[0]}, gone from {names[1]}"),
             _column(f"New ({len(c.new)})", "new", c.new, f"in {names[1]} only"),
@@ -73,6 +74,15 @@ def _result(server: Server, before: int | None, after: int | None) -> Any:
         ]),
         *[_table(t) for t in sections(doc) if not t.title.startswith(_FINDINGS_TABLE)],
     ])  # fmt: skip
+
+
+def _breakdown_chart(doc: dict[str, Any]) -> list[Any]:
+    """Where step time went, before and after, as bars (the table below has the same figures)."""
+    fig = breakdown.comparison_figure(doc["breakdown"])
+    if fig is None:
+        return []
+    return [html.H2("Where step time went, before and after"),
+            dcc.Graph(id=ids.COMPARE_BREAKDOWN, figure=fig, config={"displaylogo": False})]  # fmt: skip
 
 
 def _impact(f: dict[str, Any]) -> str:
