@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from dashboards import auth
 from nsysan.errors import InputError, NsysanError
 from nsysan.ingest import EXPORT_SUFFIXES, expand_inputs, load_trace
 from nsysan.store import ReviewStore
@@ -34,13 +35,14 @@ class Registered:
     errors: list[str] = field(default_factory=list)
 
 
-def register_exports(store: ReviewStore, paths: Sequence[str | os.PathLike[str]], name: str | None = None) -> int:
+def register_exports(store: ReviewStore, paths: Sequence[str | os.PathLike[str]], name: str | None = None, *,
+                     owner: str | None = None, upload_bytes: int | None = None) -> int:  # fmt: skip
     """Register the exports ``paths`` names (files, directories, globs) as one trace, after opening
     each as an nsys export: anything else is refused with a one-line :class:`InputError`."""
     files = expand_inputs(paths)
     with load_trace(files):
         pass
-    return store.register(files, name=name)
+    return store.register(files, name=name, owner=owner, upload_bytes=upload_bytes)
 
 
 def jobs_in(directory: Path) -> list[list[Path]]:
@@ -97,6 +99,10 @@ def save_upload_streams(server: Server, files: Sequence[tuple[str, IO[bytes]]]) 
         raise UploadRefused("no file uploaded")
 
     written = 0
+    owner = auth.current_user()
+    used = server.store.uploaded_bytes(owner)
+    quota = server.upload_quota_bytes
+    room = None if quota is None else quota - used
 
     def write(index: int, path: Path) -> None:
         nonlocal written
@@ -105,14 +111,21 @@ def save_upload_streams(server: Server, files: Sequence[tuple[str, IO[bytes]]]) 
                 written += len(piece)
                 if written > server.max_upload_bytes:
                     raise UploadRefused(f"upload over the limit of {server.max_upload_bytes / 2**20:.0f} MiB")
+                if quota is not None and room is not None and written > room:
+                    raise UploadRefused(
+                        f"{'your' if owner else 'the'} uploads would pass the quota of {quota / 2**20:,.1f} MiB "
+                        f"({used / 2**20:,.1f} MiB used): delete some first"
+                    )
                 out.write(piece)
 
-    return _keep_upload(server, [name for name, _ in files], write)
+    return _keep_upload(server, [name for name, _ in files], write, owner, lambda: written)
 
 
-def _keep_upload(server: Server, filenames: Sequence[str], write: Callable[[int, Path], None]) -> int:
+def _keep_upload(server: Server, filenames: Sequence[str], write: Callable[[int, Path], None], owner: str | None,
+                 size: Callable[[], int]) -> int:  # fmt: skip
     """Write the uploaded files (``write(i, path)`` writes the i-th) into a fresh directory under
-    the uploads directory and register them as one trace; keep nothing when refused."""
+    the uploads directory and register them as one trace of ``owner``'s (``size()``: the bytes
+    written); keep nothing when refused."""
     names = [_clean_name(n) for n in filenames]
     if len(set(names)) != len(names):
         raise UploadRefused("two uploaded files have the same name")
@@ -124,7 +137,7 @@ def _keep_upload(server: Server, filenames: Sequence[str], write: Callable[[int,
             write(i, target / name)
             paths.append(target / name)
         label = names[0].rsplit(".", 1)[0] if len(names) == 1 else f"{len(names)} files, {names[0]}…"
-        trace_id = register_exports(server.store, paths, name=label)
+        trace_id = register_exports(server.store, paths, name=label, owner=owner, upload_bytes=size())
     except NsysanError as exc:
         shutil.rmtree(target, ignore_errors=True)
         raise UploadRefused(_without_server_paths(str(exc), target)) from None

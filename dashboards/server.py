@@ -28,6 +28,9 @@ class Server:
     # who may re-analyse a trace with other settings: None everyone who may use the dashboard, else these
     # users (empty: nobody); `nsysan serve --reanalyse-by`
     reanalysers: frozenset[str] | None = None
+    # with login: users who may delete anyone's upload (an upload's owner may delete their own)
+    admins: frozenset[str] = frozenset()
+    upload_quota_bytes: int | None = None  # what one uploader's traces may take on disk; None: no quota
     refused: list[str] = field(default_factory=list)  # why exports in traces_dir were not registered (last scan)
     timelines: TimelineCache = field(init=False)
     scan_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
@@ -47,6 +50,14 @@ class Server:
             return True
         user = auth.current_user()
         return user is not None and user in self.reanalysers
+
+    def may_delete(self, owner: str | None) -> bool:
+        """Whether the person asking may delete an upload of ``owner``'s: anyone without login (a
+        loopback-only server, whose users share one machine), else its owner or an admin."""
+        if not self.login_required:
+            return True
+        user = auth.current_user()
+        return user is not None and (user == owner or user in self.admins)
 
     def author(self, typed: str | None) -> str:
         """Who is writing: the logged-in user, else the name typed in the header (no login on loopback)."""

@@ -629,6 +629,14 @@ def serve(
             "or a comma-separated list of users (needs login).",
         ),
     ] = "everyone",
+    admins: Annotated[
+        str,
+        typer.Option("--admins", help="Comma-separated users who may delete anyone's upload (needs login)."),
+    ] = "",
+    upload_quota_mb: Annotated[
+        int,
+        typer.Option("--upload-quota-mb", help="What one uploader's traces may take on disk, in MiB (0: no quota)."),
+    ] = 2000,
 ) -> None:
     """Open the web dashboard where a team reviews traces and findings together.
 
@@ -654,12 +662,16 @@ def serve(
     if not 0 < session_hours <= 24 * 365:
         raise InputError("--session-hours must be positive (and at most a year)")
     reanalysers = _reanalysers(reanalyse_by, users)
+    admin_names = _users_named("--admins", admins, users) if admins.strip() else frozenset()
+    if upload_quota_mb < 0:
+        raise InputError("--upload-quota-mb must be 0 (no quota) or positive")
     _configure_cache(None, off=False)  # a re-analysis or a restart reads the exports' frames from the cache
     store = ReviewStore(db)
     typer.echo(f"nsysan: serving http://{host}:{port}/ (store {store.engine.url.render_as_string(hide_password=True)}"
                f"{', traces from ' + str(traces_dir) if traces_dir else ''}{', login required' if users else ''})", err=True)  # fmt: skip
     start(Server(store, traces_dir=traces_dir, uploads_dir=uploads_dir, max_upload_bytes=max_upload_mb * 2**20,
-                 users=users, session_hours=session_hours, secure_cookies=secure_cookies, reanalysers=reanalysers),
+                 users=users, session_hours=session_hours, secure_cookies=secure_cookies, reanalysers=reanalysers,
+                 admins=admin_names, upload_quota_bytes=upload_quota_mb * 2**20 or None),
           host, port)  # fmt: skip
 
 
@@ -670,14 +682,19 @@ def _reanalysers(option: str, users: dict[str, str]) -> frozenset[str] | None:
         return None
     if said == "nobody":
         return frozenset()
+    return _users_named("--reanalyse-by", said, users, "everyone, nobody, or ")
+
+
+def _users_named(option: str, said: str, users: dict[str, str], also: str = "") -> frozenset[str]:
+    """A comma-separated list of the server's users, as an option names them."""
     names = frozenset(n.strip() for n in said.split(",") if n.strip())
     if not users:
-        raise InputError("--reanalyse-by names users, but the server has no login: give --users, or say everyone "
-                         "or nobody")  # fmt: skip
+        raise InputError(f"{option} names users, but the server has no login: give --users"
+                         + (f", or say {also.removesuffix(', or ').replace(', ', ' or ')}" if also else ""))  # fmt: skip
     unknown = sorted(names - set(users))
     if not names or unknown:
-        raise InputError(f"--reanalyse-by: {', '.join(unknown) or repr(option)} is not a user of this server "
-                         "(everyone, nobody, or users of --users / NSYSAN_USERS)")  # fmt: skip
+        raise InputError(f"{option}: {', '.join(unknown) or repr(said)} is not a user of this server "
+                         f"({also}users of --users / NSYSAN_USERS)")  # fmt: skip
     return names
 
 

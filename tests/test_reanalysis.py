@@ -156,7 +156,7 @@ def test_serve_checks_reanalyse_by(tmp_path, option, users, said):
     )
 
 
-def test_a_schema_6_store_gains_settings(url):
+def test_a_schema_6_store_gains_settings_and_owners(url):
     engine = sa.create_engine(url)
     with engine.begin() as c:
         command.upgrade(schema.config(c), "0006")
@@ -166,9 +166,10 @@ def test_a_schema_6_store_gains_settings(url):
     engine.dispose()
     s = ReviewStore(url)
     (t,) = s.traces()
-    assert (t["name"], t["status"], t["settings"]) == ("six", "ready", {})
+    assert (t["name"], t["status"], t["settings"], t["owner"]) == ("six", "ready", {}, None)  # schemas 7 and 8
     s.request_analysis(t["id"], SLOWER)
     assert s.trace(t["id"])["settings"] == SLOWER
+    assert s.uploaded_bytes(None) == 0 and s.deletions() == []
 
 
 def test_with_login_only_the_users_reanalyse_by_names_may(store):

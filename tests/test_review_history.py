@@ -162,7 +162,7 @@ def test_a_schema_4_store_gains_review_events_and_keeps_its_review(url):
     assert _revision_and_tables(url)[:2] == ("0004", "4")
     s = ReviewStore(url)
     revision, number, tables = _revision_and_tables(url)
-    assert (revision, number) == (schema.head(), str(SCHEMA_VERSION)) == ("0007", "7") and "review_events" in tables
+    assert (revision, number) == (schema.head(), str(SCHEMA_VERSION)) == ("0008", "8") and "review_events" in tables
     old = s.finding(1)
     assert (old["status"], old["assignee"], old["version"], old["events"]) == ("confirmed", "ada", 3, [])
     assert [e["body"] for e in old["thread"]] == ["seen"]

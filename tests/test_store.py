@@ -320,7 +320,7 @@ def test_a_schema_1_store_gains_finding_groups_and_keeps_its_review(url):
     _schema_1_store(url)
     s = ReviewStore(url)
     version, columns = _state(url)
-    assert version == str(SCHEMA_VERSION) == "7" and {"group", "recoverable_ns"} <= set(columns)
+    assert version == str(SCHEMA_VERSION) == "8" and {"group", "recoverable_ns"} <= set(columns)
     (old,) = s.findings(1)
     assert old["group"] == "" and (old["status"], old["assignee"], old["version"]) == ("confirmed", "ada", 3)
     assert old["recoverable_ns"] is None and s.steps(1) is None  # no report of then computed them
@@ -383,7 +383,7 @@ def _tables(url: str) -> set[str]:
 def test_a_schema_2_store_keeps_its_comments_and_notes_in_one_table(url):
     _schema_2_store(url)
     s = ReviewStore(url)
-    assert _state(url)[0] == str(SCHEMA_VERSION) == "7"
+    assert _state(url)[0] == str(SCHEMA_VERSION) == "8"
     assert "remarks" in _tables(url) and not _tables(url) & {"comments", "trace_notes"}
     comments = s.finding(1)["comments"]
     assert [(c["author"], c["body"]) for c in comments] == [("ada", "seen it"), ("bob", "fixed in #42")]

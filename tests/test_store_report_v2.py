@@ -188,7 +188,7 @@ def test_a_schema_5_store_gains_recoverable_time_and_steps_and_keeps_its_review(
     assert _revision_number_tables(url)[:2] == ("0005", "5")
     s = ReviewStore(url)
     revision, number, tables, columns = _revision_number_tables(url)
-    assert (revision, number) == (schema.head(), str(SCHEMA_VERSION)) == ("0007", "7")
+    assert (revision, number) == (schema.head(), str(SCHEMA_VERSION)) == ("0008", "8")
     assert "trace_steps" in tables and "recoverable_ns" in columns
     old, older = s.finding(1), s.finding(2)
     assert (old["recoverable_ns"], older["recoverable_ns"]) == (None, None)  # no report of then computed it
@@ -209,7 +209,7 @@ def test_a_schema_5_store_gains_recoverable_time_and_steps_and_keeps_its_review(
     assert (s.finding(1)["recoverable_ns"], s.finding(1)["status"], len(s.finding(1)["thread"])) == (4, "confirmed", 2)
     assert s.update_finding(1, based_on_version=2, status="fixed", author="bob") == 3
     ReviewStore(url)  # opening it again: nothing left to do
-    assert _revision_number_tables(url)[:2] == ("0007", "7") and ReviewStore(url).steps(1) == steps
+    assert _revision_number_tables(url)[:2] == ("0008", "8") and ReviewStore(url).steps(1) == steps
 
 
 def test_a_failed_upgrade_to_schema_6_leaves_the_store_as_it_was(url, monkeypatch):

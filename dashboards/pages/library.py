@@ -79,7 +79,7 @@ def register(app: dash.Dash, server: Server) -> None:
         confirmed = [t for t in ctx.triggered if t["value"]]
         if not confirmed or not isinstance(ctx.triggered_id, dict):
             return dash.no_update, dash.no_update
-        message = delete_trace(server, ctx.triggered_id.get("trace"))
+        message = delete_trace(server, ctx.triggered_id.get("trace"), typed)
         return html.P(message, className="error" if message.startswith("Not deleted") else "ok"), _table(
             server, typed, sort
         )
@@ -93,22 +93,28 @@ TABLE_DIGEST = "library-table-digest"  # of the table last drawn by the poll
 DELETE = "delete-trace"  # the pattern of an uploaded trace's delete button: {"type": DELETE, "trace": id}
 
 
-def delete_trace(server: Server, trace_id: object) -> str:
-    """Delete an uploaded trace: its files, then its findings and review from the store. Traces
-    registered from --traces are not the server's to delete, nor one still being analysed."""
+def delete_trace(server: Server, trace_id: object, typed: str | None = None) -> str:
+    """Delete an uploaded trace: its files, then its findings and review from the store, recorded
+    with who did it (``typed``: the name typed in the header, without login). Traces registered from
+    --traces are not the server's to delete, nor one still being analysed; with login, only its
+    uploader or an admin may."""
     if not isinstance(trace_id, int) or isinstance(trace_id, bool):
         return "Not deleted: no such trace."
     try:
         uploaded = upload_directory(server, trace_id) is not None
+        owner = server.store.trace(trace_id)["owner"]
     except NotFound:
         return f"Not deleted: no trace {trace_id}."
     if not uploaded:
         return f"Not deleted: trace {trace_id} was not uploaded (its files are the traces directory's)."
+    if not server.may_delete(owner):
+        return (f"Not deleted: trace {trace_id} was uploaded by {owner or 'someone before uploads had owners'}; only "
+                "they or an admin (nsysan serve --admins) may delete it.")  # fmt: skip
     if server.analysis.working(trace_id) or server.timelines.building(trace_id):
         return f"Not deleted: trace {trace_id} is still being analysed; delete it once it is done."
     delete_upload(server, trace_id)
     with contextlib.suppress(NotFound):  # deleted at the same moment by someone else
-        server.store.delete_trace(trace_id)
+        server.store.delete_trace(trace_id, by=server.author(typed))
     server.timelines.forget(trace_id)  # SQLite may give this id to the next trace registered
     return f"Deleted trace {trace_id} with its findings and review."
 
@@ -171,7 +177,20 @@ def _table(server: Server, typed: str | None = None, sort: str | None = None) ->
     """The library table, after the exports of the traces directory that were refused, and why.
     ``typed``: the reviewer's name typed in the header (without login), whose work "yours" counts;
     ``sort``: a key of :data:`SORTS`."""
-    return html.Div([_refused(server), _traces(server, typed, sort)])
+    return html.Div([_refused(server), _traces(server, typed, sort), _deletions(server)])
+
+
+def _deletions(server: Server) -> html.Details | None:
+    """The latest deletes, who made them and what went with them: a deleted review is gone for good."""
+    rows = server.store.deletions(10)
+    if not rows:
+        return None
+    return html.Details(className="deletions", children=[
+        html.Summary(f"Recently deleted ({len(rows)})"),
+        html.Ul([html.Li(f"{d['name']} (trace {d['trace_id']}{', uploaded by ' + d['owner'] if d['owner'] else ''}): "
+                         f"deleted by {d['deleted_by']} at {d['deleted_at'][:16].replace('T', ' ')} UTC with "
+                         f"{d['findings']} findings and {d['remarks']} comments or notes") for d in rows]),
+    ])  # fmt: skip
 
 
 def _refused(server: Server) -> html.Div | None:
@@ -230,12 +249,15 @@ def _row(server: Server, t: dict[str, Any], me: str | None = None) -> html.Tr:
 
 
 def _delete_button(server: Server, t: dict[str, Any]) -> dcc.ConfirmDialogProvider | str:
-    """A delete button, behind a confirmation, on uploaded traces only."""
+    """A delete button, behind a confirmation, on uploaded traces the person may delete (with
+    login: their own, or any for an admin); the uploader's name otherwise."""
     try:
         if upload_directory(server, t["id"]) is None:
             return ""
     except NotFound:  # deleted since the table was listed
         return ""
+    if not server.may_delete(t["owner"]):
+        return f"uploaded by {t['owner']}" if t["owner"] else ""
     return dcc.ConfirmDialogProvider(
         html.Button("delete", className="delete"), id={"type": DELETE, "trace": t["id"]},
         message=f"Delete trace {t['id']} ({t['name']}): its files, findings, comments and review history? "

@@ -12,8 +12,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 # (2: findings.group; 3: comments and notes in one table, remarks; 4: findings.present and
 # missing_since, findings kept across re-analysis; 5: review_events, the history of status and
 # assignee; 6: findings.recoverable_ns and trace_steps, the report's steps section; 7: traces.settings,
-# the detector settings of the trace's latest analysis); docs/store.md
-SCHEMA_VERSION = 7
+# the detector settings of the trace's latest analysis; 8: traces.owner and upload_bytes, trace_deletions);
+# docs/store.md
+SCHEMA_VERSION = 8
 VERSION_TABLE = "nsysan_alembic_version"  # Alembic's, named for nsysan in case the database is shared
 FINDING_STATUSES = ("open", "confirmed", "false positive", "fixed")
 OPEN_STATUSES = ("open", "confirmed")  # still to do: a finding not yet judged, or judged real and not fixed
@@ -56,6 +57,10 @@ class TraceRecord(Base):
     # the detector settings ({kind: {param: value}}, defaults left out) of the latest analysis, asked for
     # or running: an interrupted one resumes with them
     settings: Mapped[dict[str, Any]] = mapped_column(default=dict, server_default="{}")
+    # who uploaded it (the logged-in user; None: registered from the traces directory, or uploaded
+    # without login) and how many bytes its files take (None: not an upload), for deletes and quotas
+    owner: Mapped[str | None] = mapped_column(sa.String(128), default=None)
+    upload_bytes: Mapped[int | None] = mapped_column(sa.BigInteger, default=None)
     registered_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
     findings: Mapped[list[FindingRecord]] = relationship(back_populates="trace", cascade="all, delete-orphan")
     remarks: Mapped[list[RemarkRecord]] = relationship(back_populates="trace", cascade="all, delete-orphan")
@@ -155,3 +160,18 @@ class ReviewEventRecord(Base):
     version: Mapped[int] = mapped_column()  # the finding's version this change made
     created_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
     finding: Mapped[FindingRecord] = relationship(back_populates="events")
+
+
+class TraceDeletionRecord(Base):
+    """A deleted trace, remembered: deleting removes the trace with its whole review, so who did it,
+    when, and how much review went with it is kept here (no foreign key: the trace is gone)."""
+
+    __tablename__ = "trace_deletions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    trace_id: Mapped[int] = mapped_column()
+    name: Mapped[str] = mapped_column(sa.String(256))
+    owner: Mapped[str | None] = mapped_column(sa.String(128), default=None)
+    deleted_by: Mapped[str] = mapped_column(sa.String(128))
+    deleted_at: Mapped[dt.datetime] = mapped_column(sa.DateTime(timezone=True), default=_now)
+    findings: Mapped[int] = mapped_column(default=0)
+    remarks: Mapped[int] = mapped_column(default=0)

@@ -32,6 +32,7 @@ from nsysan.store.models import (
     RemarkRecord,
     ReviewEventRecord,
     StepsRecord,
+    TraceDeletionRecord,
     TraceRecord,
     _now,
 )
@@ -103,12 +104,13 @@ class ReviewStore:
 
     # -- traces ---------------------------------------------------------------------------------
 
-    def register(self, paths: Sequence[str | os.PathLike[str]], name: str | None = None) -> int:
+    def register(self, paths: Sequence[str | os.PathLike[str]], name: str | None = None, *,
+                 owner: str | None = None, upload_bytes: int | None = None) -> int:  # fmt: skip
         """Record a trace: export files on the server that the caller has already validated as nsys
-        exports (the store never opens a trace)."""
+        exports (the store never opens a trace); an upload with its ``owner`` and size."""
         files = [str(Path(p).resolve()) for p in paths]
         with self._session.begin() as s:
-            record = TraceRecord(name=name or Path(files[0]).stem, paths=files)
+            record = TraceRecord(name=name or Path(files[0]).stem, paths=files, owner=owner, upload_bytes=upload_bytes)
             s.add(record)
             s.flush()
             return record.id
@@ -201,15 +203,38 @@ class ReviewStore:
             return row
         raise NotFound(f"no trace {trace_id}")
 
-    def delete_trace(self, trace_id: int) -> None:
-        """Remove a trace with its findings, remarks, review events and steps (NotFound when there is none).
-        Deleted explicitly, child tables first: SQLite enforces no ON DELETE CASCADE unless a
-        connection turns foreign keys on, and this works the same on PostgreSQL."""
+    def delete_trace(self, trace_id: int, by: str = "anonymous") -> None:
+        """Remove a trace with its findings, remarks, review events and steps (NotFound when there is none),
+        recorded (:meth:`deletions`) in the same transaction. Deleted explicitly, child tables first:
+        SQLite enforces no ON DELETE CASCADE unless a connection turns foreign keys on, and this works
+        the same on PostgreSQL."""
         with self._session.begin() as s:
-            self._trace(s, trace_id)
+            record = self._trace(s, trace_id)
+            count = sa.select(sa.func.count())
+            s.add(TraceDeletionRecord(
+                trace_id=trace_id, name=record.name, owner=record.owner, deleted_by=by,
+                findings=s.scalar(count.select_from(FindingRecord).where(FindingRecord.trace_id == trace_id)) or 0,
+                remarks=s.scalar(count.select_from(RemarkRecord).where(RemarkRecord.trace_id == trace_id)) or 0,
+            ))  # fmt: skip
             for table in (ReviewEventRecord, RemarkRecord, FindingRecord, StepsRecord):
                 s.execute(sa.delete(table).where(table.trace_id == trace_id))
             s.execute(sa.delete(TraceRecord).where(TraceRecord.id == trace_id))
+
+    def deletions(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The latest deleted traces: which, whose, by whom, when, and how much review went with them."""
+        with self.session() as s:
+            rows = s.scalars(sa.select(TraceDeletionRecord).order_by(TraceDeletionRecord.id.desc()).limit(limit))
+            return [{"trace_id": d.trace_id, "name": d.name, "owner": d.owner, "deleted_by": d.deleted_by,
+                     "deleted_at": _utc(d.deleted_at).isoformat(), "findings": d.findings, "remarks": d.remarks}
+                    for d in rows]  # fmt: skip
+
+    def uploaded_bytes(self, owner: str | None) -> int:
+        """What an uploader's traces take on disk (``None``: the uploads of no one, made without login)."""
+        where = TraceRecord.owner.is_(None) if owner is None else TraceRecord.owner == owner
+        with self.session() as s:
+            return int(
+                s.scalar(sa.select(sa.func.coalesce(sa.func.sum(TraceRecord.upload_bytes), 0)).where(where)) or 0
+            )
 
     def steps(self, trace_id: int) -> dict[str, Any] | None:
         """The ``steps`` section of the trace's latest analysis (where each rank's step time went,
@@ -270,7 +295,7 @@ class ReviewStore:
                  "devices": t.devices, "captured_utc_ns": t.captured_utc_ns,
                  "findings": by_trace.get(t.id, dict(counts)), "step_ns": _step_ns(t.summary or {}),
                  "review": review.get(t.id, dict.fromkeys(FINDING_STATUSES, 0)), "to_do": to_do.get(t.id, {}),
-                 "settings": t.settings or {}}
+                 "settings": t.settings or {}, "owner": t.owner}
                 for t in s.scalars(listed)
             ]  # fmt: skip
 
