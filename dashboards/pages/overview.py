@@ -1,4 +1,5 @@
-"""One trace: what it is and what is wrong with it, then its timeline, then the team's notes.
+"""One trace: what is wrong with it, its timeline, then what it is (GPUs, steps, kernels), then the
+team's notes: the timeline near the top, where a reader looks first, not three screens down.
 
 * **Summary** (from the stored report document, so its figures are ``nsysan report``'s): per GPU
   busy %, kernel time, NCCL share and copies; the job's step time; where each rank's step time went
@@ -41,7 +42,8 @@ from nsysan.store import NotFound
 log = logging.getLogger(__name__)
 
 BODY = "overview-body"
-SUMMARY = "overview-summary"
+SUMMARY = "overview-summary"  # above the timeline: what is wrong
+DETAILS = "overview-details"  # below it: what the trace is (GPUs, steps, kernels, NCCL, copies)
 VIEW = "overview-view"  # {"t0": ms, "t1": ms, "finding": id}: what the URL's query string says
 TIMELINE_READY = "overview-timeline-ready"  # set once by the poll when the timeline is built: the page is drawn then
 URL_SYNC = "overview-url-sync"  # written by the clientside callback that puts the view in the URL
@@ -128,6 +130,7 @@ def layout(server: Server, trace_id: int, search: str | None = None) -> html.Div
         dcc.Store(id=TIMELINE_READY),
         html.Div(_summary(server, t), id=SUMMARY),
         html.Div(body, id=BODY),
+        html.Div(_details(server, t), id=DETAILS),
         dcc.Interval(id=ids.TRACE_POLL, interval=POLL_MS, disabled=final),
         html.H2("Notes"),
         html.Div(_notes(server, trace_id), id=ids.NOTES),
@@ -184,7 +187,8 @@ def reanalyse(server: Server, trace_id: int, text: str | None) -> tuple[Any, boo
 
 def register(app: dash.Dash, server: Server) -> None:
     @app.callback(Output(BODY, "children"), Output(ids.TRACE_POLL, "disabled"), Output(SUMMARY, "children"),
-                  Output(TIMELINE_READY, "data"), Input(ids.TRACE_POLL, "n_intervals"), State(ids.TRACE_ID, "data"),
+                  Output(DETAILS, "children"), Output(TIMELINE_READY, "data"), Input(ids.TRACE_POLL, "n_intervals"),
+                  State(ids.TRACE_ID, "data"),
                   State(VIEW, "data"),
                   prevent_initial_call=True)  # fmt: skip
     def _poll(_n: int, trace_id: int, view: dict[str, Any] | None) -> Any:
@@ -194,23 +198,26 @@ def register(app: dash.Dash, server: Server) -> None:
         t = server.store.trace(trace_id)
         waiting = _waiting(server, t)
         if waiting is None:
-            return dash.no_update, True, dash.no_update, trace_id
+            return dash.no_update, True, dash.no_update, dash.no_update, trace_id
         body, final = waiting
-        return body, final, _summary(server, t) if final else dash.no_update, dash.no_update
+        if not final:
+            return body, final, dash.no_update, dash.no_update, dash.no_update
+        return body, final, _summary(server, t), _details(server, t), dash.no_update
 
     @app.callback(Output(BODY, "children", allow_duplicate=True), Output(SUMMARY, "children", allow_duplicate=True),
+                  Output(DETAILS, "children", allow_duplicate=True),
                   Output(ids.TRACE_POLL, "disabled", allow_duplicate=True), Input(TIMELINE_READY, "data"),
                   State(VIEW, "data"), prevent_initial_call=True)  # fmt: skip
     def _draw(trace_id: int | None, view: dict[str, Any] | None) -> Any:
         if trace_id is None:
-            return dash.no_update, dash.no_update, dash.no_update
+            return dash.no_update, dash.no_update, dash.no_update, dash.no_update
         try:
             t = server.store.trace(trace_id)
             body, final = _body(server, t, view or {})
-            return body, _summary(server, t), final  # not final: evicted meanwhile, the poll resumes
+            return body, _summary(server, t), _details(server, t), final  # not final: evicted, the poll resumes
         except Exception:  # the poll stopped when it saw the timeline ready: let it try again
             log.exception("trace %s: drawing the page failed; polling again", trace_id)
-            return dash.no_update, dash.no_update, False
+            return dash.no_update, dash.no_update, dash.no_update, False
 
     @app.callback(Output(ids.TIMELINE, "figure"), Output(VIEW, "data"), Output(EVIDENCE, "children"),
                   Input(ids.TIMELINE, "relayoutData"), State(ids.TRACE_ID, "data"), State(VIEW, "data"),
@@ -487,20 +494,25 @@ def device_rows(summary: dict[str, Any], data: TimelineData | None) -> list[dict
 
 
 def _summary(server: Server, t: dict[str, Any]) -> Any:
-    if t["status"] != "ready":
+    """Above the timeline: what the capture cannot show, and what is wrong (the groups, worst first)."""
+    summary = stored_summary(server, t["id"]) if t["status"] == "ready" else None
+    if not summary:
         return []
-    summary = stored_summary(server, t["id"])
+    return [*_blind_spots(summary), html.H2("What is wrong"), _groups(t["id"], server.store.findings(t["id"]), summary)]
+
+
+def _details(server: Server, t: dict[str, Any]) -> Any:
+    """Below the timeline: what the trace is, per GPU, per step, by kernel, NCCL op and copy."""
+    summary = stored_summary(server, t["id"]) if t["status"] == "ready" else None
     if not summary:
         return []
     data = server.timelines.peek(t["id"])
-    findings = server.store.findings(t["id"])
-    parts: list[Any] = [html.H2("What this trace is"), *_blind_spots(summary)]
-    parts += [_device_table(summary, data), _step_breakdown(stored_steps(server.store, t["id"]))]
+    parts: list[Any] = [html.H2("What this trace is"), _device_table(summary, data),
+                        _step_breakdown(stored_steps(server.store, t["id"]))]  # fmt: skip
     for table in tables({"summary": summary}):
         if table.title in _SHOWN_TABLES:
             parts.append(html.Details([html.Summary(table.title), _table(table)], open=table.title != "Memory copies",
                                       className="summary-table"))  # fmt: skip
-    parts += [html.H2("What is wrong"), _groups(t["id"], findings, summary)]
     return parts
 
 
