@@ -67,6 +67,9 @@ def hash_password(password: str) -> str:
     return generate_password_hash(password)
 
 
+MAX_USER_NAME = 128  # the store keeps names (owners, authors) in columns of this size
+
+
 def load_users(path: Path | None = None, env: str | None = None) -> dict[str, str]:
     """name -> password hash, from the file and/or the environment variable's value."""
     users: dict[str, str] = {}
@@ -88,6 +91,8 @@ def load_users(path: Path | None = None, env: str | None = None) -> dict[str, st
                 )
             users[name] = hashed
     for name, hashed in users.items():
+        if len(name) > MAX_USER_NAME:
+            raise InputError(f"user {name[:20]!r}…: a name of at most {MAX_USER_NAME} characters")
         if name == ANALYSIS_AUTHOR:
             raise InputError(f"user {name!r}: the name is nsysan's own, for what a re-analysis writes; choose another")
         if "$" not in hashed:

@@ -146,8 +146,10 @@ def comparison_figure(breakdown: dict[str, Any], limit: int = RANK_LIMIT) -> go.
     if not breakdown.get("available"):
         return None
     ranks = breakdown["per_rank"]
-    if len(ranks) > limit:
-        ranks = [r for r in ranks if any(c["differs"] for c in r["categories"].values())][:limit]
+    if len(ranks) > limit:  # those whose change is furthest from the job's (nsysan diff's order), in rank order
+        differing = [r for r in ranks if any(c["differs"] for c in r["categories"].values())]
+        ranks = sorted(sorted(differing, key=lambda r: -_off_the_job(r, breakdown["job"]))[:limit],
+                       key=lambda r: r["rank"])  # fmt: skip
     columns = [("job", breakdown["job"])] + [(f"rank {r['rank']}", r["categories"]) for r in ranks]
     groups, sides = [], []
     values: dict[str, list[float | None]] = {c: [] for c in CATEGORIES}
@@ -171,6 +173,12 @@ def comparison_figure(breakdown: dict[str, Any], limit: int = RANK_LIMIT) -> go.
         yaxis={"title": "ms a step (mean)", "gridcolor": "#eee", "rangemode": "tozero"},
     )  # fmt: skip
     return fig
+
+
+def _off_the_job(rank: dict[str, Any], job: dict[str, Any]) -> float:
+    """How far a rank's change is from the job's, its largest over the categories (a side missing: infinite)."""
+    deltas = [(c["delta"], job[name]["delta"]) for name, c in rank["categories"].items()]
+    return max(math.inf if d is None or j is None else abs(d - j) for d, j in deltas)
 
 
 def clicked_step(click: dict[str, Any] | None) -> tuple[int, int] | None:

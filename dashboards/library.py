@@ -94,31 +94,32 @@ def save_upload_streams(server: Server, files: Sequence[tuple[str, IO[bytes]]]) 
     """Store uploaded exports (the ranks of one job), each copied to disk a piece at a time, never
     whole in memory (``POST /upload``, multipart), and register them as one trace. Refused, with
     nothing kept, when the files are too big together, are not named like exports, or are not nsys
-    exports."""
+    exports. Uploads are taken one at a time (a quota is checked against what is registered)."""
     if not files:
         raise UploadRefused("no file uploaded")
 
-    written = 0
-    owner = auth.current_user()
-    used = server.store.uploaded_bytes(owner)
-    quota = server.upload_quota_bytes
-    room = None if quota is None else quota - used
+    with server.upload_lock:  # the quota read and the register as one step (two uploads at once)
+        written = 0
+        owner = auth.current_user()
+        used = server.store.uploaded_bytes(owner)
+        quota = server.upload_quota_bytes
+        room = None if quota is None else quota - used
 
-    def write(index: int, path: Path) -> None:
-        nonlocal written
-        with path.open("wb") as out:
-            while piece := files[index][1].read(2**20):
-                written += len(piece)
-                if written > server.max_upload_bytes:
-                    raise UploadRefused(f"upload over the limit of {server.max_upload_bytes / 2**20:.0f} MiB")
-                if quota is not None and room is not None and written > room:
-                    raise UploadRefused(
-                        f"{'your' if owner else 'the'} uploads would pass the quota of {quota / 2**20:,.1f} MiB "
-                        f"({used / 2**20:,.1f} MiB used): delete some first"
-                    )
-                out.write(piece)
+        def write(index: int, path: Path) -> None:
+            nonlocal written
+            with path.open("wb") as out:
+                while piece := files[index][1].read(2**20):
+                    written += len(piece)
+                    if written > server.max_upload_bytes:
+                        raise UploadRefused(f"upload over the limit of {server.max_upload_bytes / 2**20:.0f} MiB")
+                    if quota is not None and room is not None and written > room:
+                        raise UploadRefused(
+                            f"{'your' if owner else 'the'} uploads would pass the quota of {quota / 2**20:,.1f} MiB "
+                            f"({used / 2**20:,.1f} MiB used): delete some first"
+                        )
+                    out.write(piece)
 
-    return _keep_upload(server, [name for name, _ in files], write, owner, lambda: written)
+        return _keep_upload(server, [name for name, _ in files], write, owner, lambda: written)
 
 
 def _keep_upload(server: Server, filenames: Sequence[str], write: Callable[[int, Path], None], owner: str | None,

@@ -34,6 +34,8 @@ class Server:
     refused: list[str] = field(default_factory=list)  # why exports in traces_dir were not registered (last scan)
     timelines: TimelineCache = field(init=False)
     scan_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    # uploads one at a time from the quota check to the register: two at once must not both fit a quota
+    upload_lock: threading.Lock = field(init=False, default_factory=threading.Lock)
     analysis: AnalysisQueue = field(init=False)
 
     def __post_init__(self) -> None:

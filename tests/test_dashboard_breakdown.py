@@ -238,3 +238,14 @@ def test_clicking_a_bar_through_the_app_zooms_the_timeline(server):
     t0, t1 = (data.ms_since_origin(data.to_job_clock({"rank": 3}, ns)) for ns in (start, end))
     assert view["t0"] < t0 < t1 < view["t1"] and "finding" not in view
     assert response[ids.TIMELINE]["figure"]["layout"]["xaxis"]["range"] == pytest.approx([view["t0"], view["t1"]])
+
+
+def test_the_compare_chart_of_a_large_job_keeps_the_ranks_furthest_from_the_job():
+    def cats(delta: float) -> dict:
+        return {c: {"before": 1e6, "after": 1e6 + delta, "delta": delta, "differs": True} for c in CATEGORIES}
+
+    job = {c: {"before": 1e6, "after": 1.1e6, "delta": 1e5} for c in CATEGORIES}
+    ranks = [{"rank": r, "categories": cats(1e5 + 1e3 * r + (5e7 if r == 15 else 0))} for r in range(16)]
+    fig = breakdown.comparison_figure({"available": True, "job": job, "per_rank": ranks})
+    shown = list(dict.fromkeys(fig.data[0].x[0]))
+    assert shown == ["job", "rank 8", "rank 9", "rank 10", "rank 11", "rank 12", "rank 13", "rank 14", "rank 15"]

@@ -118,3 +118,61 @@ def test_serve_checks_admins_and_quota(tmp_path, args, said):
     done = subprocess.run([sys.executable, "-m", "nsysan", "serve", "--db", str(tmp_path / "s.sqlite"), *args],
                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2 and done.stderr == f"nsysan: error: {said}\n"
+
+
+def test_two_uploads_at_once_never_both_fit_one_quota(server, as_user):
+    import threading
+
+    server.upload_quota_bytes = len(SAMPLE) + len(SAMPLE) // 2
+    outcomes: list[str] = []
+
+    def upload(name: str) -> None:
+        with as_user("ana"):
+            try:
+                _upload(server, name)
+                outcomes.append("kept")
+            except UploadRefused:
+                outcomes.append("refused")
+
+    threads = [threading.Thread(target=upload, args=(f"{i}.sqlite",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(outcomes) == ["kept", "refused"] and server.store.uploaded_bytes("ana") == len(SAMPLE)
+    assert server.analysis.wait(60)
+
+
+def test_a_trace_deleted_twice_is_recorded_once(server, as_user):
+    from nsysan.store import NotFound
+
+    with as_user("ana"):
+        trace_id = _upload(server)
+    assert server.analysis.wait(60)
+    server.store.delete_trace(trace_id, by="ana")
+    with pytest.raises(NotFound):
+        server.store.delete_trace(trace_id, by="ben")
+    assert [d["deleted_by"] for d in server.store.deletions()] == ["ana"]
+
+
+def test_an_upload_without_a_recorded_uploader_is_an_admins_to_delete(server, as_user):
+    trace_id = _upload(server)  # no one logged in: no owner
+    assert server.analysis.wait(60) and server.store.trace(trace_id)["owner"] is None
+    with as_user("ana"):
+        assert library_page.delete_trace(server, trace_id) == (
+            f"Not deleted: trace {trace_id} has no recorded uploader (uploaded before uploads had owners, or without "
+            "login); only an admin (nsysan serve --admins) may delete it."
+        )
+        assert library_page._delete_button(server, server.store.trace(trace_id)) == (
+            "no recorded uploader: an admin may delete it"
+        )
+    with as_user("root"):
+        assert library_page.delete_trace(server, trace_id).startswith("Deleted trace")
+
+
+def test_a_user_name_longer_than_the_store_keeps_is_refused():
+    from dashboards.auth import load_users
+    from nsysan.errors import InputError
+
+    with pytest.raises(InputError, match="a name of at most 128 characters"):
+        load_users(None, f"{'a' * 129}={hash_password('pass-word-42')}")

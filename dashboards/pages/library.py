@@ -108,8 +108,11 @@ def delete_trace(server: Server, trace_id: object, typed: str | None = None) -> 
     if not uploaded:
         return f"Not deleted: trace {trace_id} was not uploaded (its files are the traces directory's)."
     if not server.may_delete(owner):
-        return (f"Not deleted: trace {trace_id} was uploaded by {owner or 'someone before uploads had owners'}; only "
-                "they or an admin (nsysan serve --admins) may delete it.")  # fmt: skip
+        if owner is None:
+            return (f"Not deleted: trace {trace_id} has no recorded uploader (uploaded before uploads had owners, or "
+                    "without login); only an admin (nsysan serve --admins) may delete it.")  # fmt: skip
+        return (f"Not deleted: trace {trace_id} was uploaded by {owner}; only they or an admin (nsysan serve "
+                "--admins) may delete it.")  # fmt: skip
     if server.analysis.working(trace_id) or server.timelines.building(trace_id):
         return f"Not deleted: trace {trace_id} is still being analysed; delete it once it is done."
     delete_upload(server, trace_id)
@@ -257,7 +260,7 @@ def _delete_button(server: Server, t: dict[str, Any]) -> dcc.ConfirmDialogProvid
     except NotFound:  # deleted since the table was listed
         return ""
     if not server.may_delete(t["owner"]):
-        return f"uploaded by {t['owner']}" if t["owner"] else ""
+        return f"uploaded by {t['owner']}" if t["owner"] else "no recorded uploader: an admin may delete it"
     return dcc.ConfirmDialogProvider(
         html.Button("delete", className="delete"), id={"type": DELETE, "trace": t["id"]},
         message=f"Delete trace {t['id']} ({t['name']}): its files, findings, comments and review history? "

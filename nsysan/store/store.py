@@ -218,7 +218,9 @@ class ReviewStore:
             ))  # fmt: skip
             for table in (ReviewEventRecord, RemarkRecord, FindingRecord, StepsRecord):
                 s.execute(sa.delete(table).where(table.trace_id == trace_id))
-            s.execute(sa.delete(TraceRecord).where(TraceRecord.id == trace_id))
+            gone: sa.CursorResult[Any] = s.execute(sa.delete(TraceRecord).where(TraceRecord.id == trace_id))  # type: ignore[assignment]
+            if gone.rowcount == 0:  # deleted meanwhile by someone else: their record stands, not a second one
+                raise NotFound(f"no trace {trace_id}")
 
     def deletions(self, limit: int = 20) -> list[dict[str, Any]]:
         """The latest deleted traces: which, whose, by whom, when, and how much review went with them."""
