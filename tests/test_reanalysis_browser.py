@@ -33,6 +33,12 @@ def test_reanalyse_with_settings_and_read_what_changed_in_the_thread(browser, tm
         store = ReviewStore(db)
         assert store.trace(int(trace_id))["settings"] == {}  # nothing queued
 
+        # the slowdown's finding pages, open while it is re-analysed
+        open_pages = {}
+        for f in store.findings(int(trace_id), kind="comm_compute_slowdown"):
+            open_pages[f["id"]] = browser.new_page()
+            open_pages[f["id"]].goto(f"{s.url}/findings/{f['id']}")
+            open_pages[f["id"]].locator("#finding-status").wait_for()
         page.fill("#reanalyse-settings", "comm_compute_slowdown.min_ratio=1.44")
         page.click("#reanalyse")
         expect(page.locator("#reanalyse-message .ok")).to_contain_text(
@@ -48,7 +54,10 @@ def test_reanalyse_with_settings_and_read_what_changed_in_the_thread(browser, tm
         assert store.trace(int(trace_id))["settings"] == {"comm_compute_slowdown": {"min_ratio": 1.44}}
         changed = [f["id"] for f in store.findings(int(trace_id), include_missing=True)
                    if any(c["author"] == ANALYSIS_AUTHOR for c in store.finding(f["id"])["comments"])]  # fmt: skip
-        assert changed
+        assert changed and set(changed) <= set(open_pages)
+        for finding_id, other in open_pages.items():  # each open page says so, never reloaded
+            said = other.locator("#review-message .live", has_text="A re-analysis changed this finding")
+            expect(said).to_have_count(1 if finding_id in changed else 0, timeout=15_000)
         page.goto(f"{s.url}/findings/{changed[0]}")
         entry = page.locator("#comments li", has_text="settings comm_compute_slowdown.min_ratio=1.44")
         expect(entry).to_have_count(1, timeout=30_000)

@@ -39,6 +39,7 @@ from nsysan.errors import InputError
 from nsysan.report.format import duration, share_of_run
 from nsysan.store import FINDING_STATUSES, NotFound, StaleEdit
 from nsysan.store.export import describe
+from nsysan.store.store import ANALYSIS_AUTHOR
 
 POLL_MS = 3000  # how often an open finding page re-reads its review
 _UNEDITED: dict[str, Any] = {"data-dirty": "false"}  # assets/review.js's clientside callback keeps it
@@ -147,7 +148,7 @@ def register(app: dash.Dash, server: Server) -> None:
             raise PreventUpdate
         f = server.store.finding(finding_id)
         if state["version"] == version:  # only the thread grew (a comment): the form is current
-            return _thread(f), _seen(f), dash.no_update, dash.no_update, dash.no_update, dash.no_update
+            return _thread(f), _seen(f), _reanalysed(f, seen or {}), dash.no_update, dash.no_update, dash.no_update
         mine = (status, (assignee or "").strip())
         editing = mine != ((seen or {}).get("status"), (seen or {}).get("assignee") or "")
         newer = [e for e in f["events"] if e["version"] > version]
@@ -226,6 +227,16 @@ def _seen(f: dict[str, Any]) -> dict[str, Any]:
     """What the page shows of the review, to tell a change from the poll's answer."""
     return {"version": f["version"], "status": f["status"], "assignee": f["assignee"] or "",
             "comments": len(f["comments"]), "events": len(f["events"])}  # fmt: skip
+
+
+def _reanalysed(f: dict[str, Any], seen: dict[str, Any]) -> Any:
+    """A line when the comments that arrived include a re-analysis's (its title, figures and
+    evidence on this page are the old ones until a reload), else nothing to change."""
+    arrived = f["comments"][int(seen.get("comments") or 0) :]
+    if not any(c["author"] == ANALYSIS_AUTHOR for c in arrived):
+        return dash.no_update
+    return html.P("A re-analysis changed this finding (see the discussion): reload the page for its new title, "
+                  "figures and evidence.", className="error stale live")  # fmt: skip
 
 
 def _same(state: dict[str, Any], seen: dict[str, Any]) -> bool:
