@@ -204,8 +204,9 @@ def sections(doc: dict[str, Any]) -> list[Table]:
     c = doc["capture"]
     crow = [(item["name"], kind, str(item["before"]), str(item["after"]))
             for kind in ("command", "environment", "nsys_options") for item in c[kind]]  # fmt: skip
-    out.append(Table("How the two were captured: differences", ("name", "what", "before", "after"), crow,
-                     empty="same command, NCCL_/CUDA_/TORCH_ environment and nsys options (as far as recorded)"))  # fmt: skip
+    title = "How the two were captured: differences" if crow else "How the two were captured"
+    out.append(Table(title, ("name", "what", "before", "after"), crow,
+                     empty="the same command, NCCL_/CUDA_/TORCH_ environment and nsys options (as far as recorded)"))  # fmt: skip
     return out
 
 
