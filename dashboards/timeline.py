@@ -33,6 +33,8 @@ from nsysan.report.document import fold_groups
 LANES = ("compute", "NCCL", "copies", "NVTX")
 LANE_COLOURS = {"compute": "#1f77b4", "NCCL": "#ff7f0e", "copies": "#2ca02c", "NVTX": "#9467bd"}
 SEVERITY_COLOURS = {"info": "#7f7f7f", "warning": "#e6a100", "critical": "#d62728"}
+HOVER_POINTS = 200  # a bar gets a hover point every 1/200 of the window (every 6 px of a 1200 px plot)
+HOVER_POINTS_MAX = 50_000  # points inside bars, in all (fewer, further apart, beyond)
 ROW_DETAIL_LIMIT = 2_000  # intervals a row may show one by one before it is drawn as occupancy
 DEFAULT_BINS = 600
 MARKER_LIFT_PX = 12  # a finding's ▼ is drawn this far above its row's centre, in the gap between rows
@@ -171,7 +173,7 @@ class TimelineData:
         for lane in LANES:
             idx = np.concatenate(detail[lane]) if detail[lane] else np.array([], dtype=np.int64)
             if len(idx):
-                fig.add_trace(self._segments(idx, labels, ms, LANE_COLOURS[lane], lane, width=12))
+                fig.add_trace(self._segments(idx, labels, ms, LANE_COLOURS[lane], lane, width=12, window=(t0, t1)))
         if highlight is not None:
             self._highlight(fig, highlight, labels, ms, t0, t1)
         self._markers(fig, findings, labels, ms, t0, t1, zoomed=window_ns is not None)
@@ -206,20 +208,34 @@ class TimelineData:
         return first + np.flatnonzero(self.end[first:last] >= t0)
 
     def _segments(
-        self, idx: np.ndarray, labels: list[str], ms: Any, colour: str, name: str, width: int
-    ) -> go.Scattergl:
-        """Intervals as line segments (start, end, gap): one WebGL trace however many there are."""
-        n = len(idx)
-        x = np.column_stack([ms(self.start[idx]), ms(self.end[idx]), np.full(n, np.nan)]).ravel()
-        y = np.repeat(np.asarray(labels, dtype=object)[self.row[idx]], 3)
+        self, idx: np.ndarray, labels: list[str], ms: Any, colour: str, name: str, width: int,
+        window: tuple[int, int],
+    ) -> go.Scattergl:  # fmt: skip
+        """Intervals as line segments (start, points inside, end, gap): one WebGL trace however many
+        there are. plotly hovers a line at its points only, so a bar longer than 1/HOVER_POINTS of
+        the window gets points along its visible part: hover anywhere on it names it (at most
+        HOVER_POINTS_MAX points in all)."""
+        start, end = self.start[idx], self.end[idx]
+        lo, hi = np.maximum(start, window[0]), np.minimum(end, window[1])
+        inside = np.maximum(hi - lo, 0) * HOVER_POINTS // max(window[1] - window[0], 1)
+        if inside.sum() > HOVER_POINTS_MAX:
+            inside = inside * HOVER_POINTS_MAX // inside.sum()
+        count = inside + 3  # start, the points inside, end, and the gap that ends the segment
+        which = np.repeat(np.arange(len(idx)), count)
+        at = np.arange(len(which)) - np.repeat(np.cumsum(count) - count, count)  # 0 .. count - 1
+        k = inside[which]
+        along = lo[which] + (hi[which] - lo[which]) * at / np.maximum(k + 1, 1)
+        x_ns = np.where(at == 0, start[which], np.where(at == k + 1, end[which], along)).astype(np.float64)
+        x = np.where(at == k + 2, np.nan, ms(x_ns))
+        y = np.asarray(labels, dtype=object)[self.row[idx]][which]
         duration_us = (self.end[idx] - self.start[idx]) / 1e3
         # plotly draws a subset of HTML in hover labels (links, styled spans): a name is text, escaped
-        used, at = np.unique(self.name[idx], return_inverse=True)
+        used, of = np.unique(self.name[idx], return_inverse=True)
         names = np.asarray([html.escape(str(nm), quote=False) for nm in self.names[used]], dtype=object)
-        text = [f"{nm}<br>{d:,.1f} us" for nm, d in zip(names[at], duration_us, strict=True)]
+        text = [f"{nm}<br>{d:,.1f} us" for nm, d in zip(names[of], duration_us, strict=True)]
         return go.Scattergl(
             x=x, y=y, mode="lines", line={"color": colour, "width": width}, name=name, connectgaps=False,
-            hovertext=np.repeat(np.asarray(text, dtype=object), 3), hoverinfo="text",
+            hovertext=np.asarray(text, dtype=object)[which], hoverinfo="text",
         )  # fmt: skip
 
     def _rows_of(self, rank: int | None, device: int | None) -> list[int]:
@@ -278,7 +294,7 @@ class TimelineData:
         idx = self.evidence_intervals(finding)
         idx = idx[(self.end[idx] >= t0) & (self.start[idx] <= t1)]
         if len(idx):
-            fig.add_trace(self._segments(idx, labels, ms, "#d62728", "evidence", width=20))
+            fig.add_trace(self._segments(idx, labels, ms, "#d62728", "evidence", width=20, window=(t0, t1)))
 
     # -- evidence ---------------------------------------------------------------------------
 
