@@ -33,6 +33,9 @@ from nsysan.report.document import fold_groups
 LANES = ("compute", "NCCL", "copies", "NVTX")
 LANE_COLOURS = {"compute": "#1f77b4", "NCCL": "#ff7f0e", "copies": "#2ca02c", "NVTX": "#9467bd"}
 SEVERITY_COLOURS = {"info": "#7f7f7f", "warning": "#e6a100", "critical": "#d62728"}
+LABEL_WIDTH = 30  # a bar as wide as 1/30 of the window (~40 px) holds a short name
+LABEL_LIMIT = 80  # names drawn at most: beyond, a view is too busy to read them
+LABEL_CHARS = 12  # a label's characters (the name elided; the hover has it whole)
 HOVER_POINTS = 200  # a bar gets a hover point every 1/200 of the window (every 6 px of a 1200 px plot)
 HOVER_POINTS_MAX = 50_000  # points inside bars, in all (fewer, further apart, beyond)
 ROW_DETAIL_LIMIT = 2_000  # intervals a row may show one by one before it is drawn as occupancy
@@ -170,10 +173,14 @@ class TimelineData:
         centres = ms((edges[:-1] + edges[1:]) / 2)
         if heat_rows:
             fig.add_trace(_occupancy(centres, labels, heat_rows, heat_lanes, np.vstack(heat_busy)))
+        drawn = []
         for lane in LANES:
             idx = np.concatenate(detail[lane]) if detail[lane] else np.array([], dtype=np.int64)
             if len(idx):
                 fig.add_trace(self._segments(idx, labels, ms, LANE_COLOURS[lane], lane, width=12, window=(t0, t1)))
+                drawn.append(idx)
+        if drawn:
+            self._labels(fig, np.concatenate(drawn), labels, ms, (t0, t1))
         if highlight is not None:
             self._highlight(fig, highlight, labels, ms, t0, t1)
         self._markers(fig, findings, labels, ms, t0, t1, zoomed=window_ns is not None)
@@ -237,6 +244,23 @@ class TimelineData:
             x=x, y=y, mode="lines", line={"color": colour, "width": width}, name=name, connectgaps=False,
             hovertext=np.asarray(text, dtype=object)[which], hoverinfo="text",
         )  # fmt: skip
+
+    def _labels(self, fig: go.Figure, idx: np.ndarray, labels: list[str], ms: Any, window: tuple[int, int]) -> None:
+        """Names on the bars wide enough to hold one (1/LABEL_WIDTH of the window, ~40 px), when
+        there are few enough to read (LABEL_LIMIT): zoomed in, a row says what ran without a hover."""
+        t0, t1 = window
+        lo, hi = np.maximum(self.start[idx], t0), np.minimum(self.end[idx], t1)
+        wide = idx[(hi - lo) * LABEL_WIDTH >= (t1 - t0)]
+        if not len(wide) or len(wide) > LABEL_LIMIT:
+            return
+        lo, hi = np.maximum(self.start[wide], t0), np.minimum(self.end[wide], t1)
+        xs, ys = ms((lo + hi) / 2), np.asarray(labels, dtype=object)[self.row[wide]]
+        # annotations, not a text trace: those are drawn above the WebGL bars, a trace's text below them
+        names = [html.escape(_elided(str(n), LABEL_CHARS), quote=False) for n in self.names[self.name[wide]]]
+        fig.update_layout(annotations=list(fig.layout.annotations) + [
+            {"x": float(x), "y": y, "xref": "x", "yref": "y", "text": n, "showarrow": False, "name": "label",
+             "font": {"size": 10, "color": "#fff"}} for x, y, n in zip(xs, ys, names, strict=True)
+        ])  # fmt: skip
 
     def _rows_of(self, rank: int | None, device: int | None) -> list[int]:
         """The rows of a rank (all, without one) on a GPU (and its rows of no GPU, like NVTX); in numpy:
@@ -513,3 +537,8 @@ def _categorical(values: pd.Series) -> pd.Categorical:
 def _bytes(values: pd.Series) -> pd.Series:
     v = values.astype("Float64")
     return (v / 2**20).round(2).astype("string").fillna("?") + " MiB"
+
+
+def _elided(name: str, most: int) -> str:
+    """A name cut to ``most`` characters with an ellipsis (demangled names run to hundreds)."""
+    return name if len(name) <= most else name[: most - 1] + "…"

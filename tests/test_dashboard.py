@@ -12,7 +12,7 @@ import dash
 import numpy as np
 import pytest
 
-from dashboards import ids
+from dashboards import ids, timeline
 from dashboards.app import route
 from dashboards.auth import _safe_next, hash_password, is_loopback, load_users
 from dashboards.library import UploadRefused, jobs_in, save_upload_streams, scan_directory
@@ -521,3 +521,19 @@ def test_markup_in_a_kernel_name_is_shown_as_text_in_hover_labels(tmp_path):
     hovers += [str(a.hovertext) for a in fig.layout.annotations]
     assert any("&lt;a href=" in h for h in hovers), hovers
     assert any("1.5x slower" in h for h in hovers) and not any("<a " in h or '<span style="font' in h for h in hovers)
+
+
+def test_zoomed_in_the_bars_wide_enough_are_labelled_with_their_names(monkeypatch):
+    data = _timeline("pipeline-stall")
+    labelled = [a for a in data.figure().layout.annotations if a.name == "label"]
+    # the whole 8.8 ms run: 12 kernels and 4 NVTX ranges, those at least 1/30 of the window named
+    assert {a.text for a in labelled} == {"ncclDevKern…", "step 0"}
+    for a in labelled:
+        assert len(a.text) <= 12 and a.font.color == "#fff"
+    s, e = int(data.start[0]), int(data.end[0])
+    narrow = data.figure((s + (e - s) // 3, s + (e - s) // 2))  # inside one bar: its name on it
+    row = data.rows["label"].iloc[data.row[0]]
+    (label,) = [a for a in narrow.layout.annotations if a.name == "label" and a.y == row]
+    assert str(data.names[data.name[0]]).startswith(label.text.rstrip("…"))
+    monkeypatch.setattr(timeline, "LABEL_LIMIT", len(labelled) - 1)  # more wide bars than that: none named
+    assert not [a for a in data.figure().layout.annotations if a.name == "label"]
