@@ -34,9 +34,11 @@ LANES = ("compute", "NCCL", "copies", "NVTX")
 LANE_COLOURS = {"compute": "#1f77b4", "NCCL": "#ff7f0e", "copies": "#2ca02c", "NVTX": "#9467bd"}
 SEVERITY_COLOURS = {"info": "#7f7f7f", "warning": "#e6a100", "critical": "#d62728"}
 LABEL_WIDTH = 30  # a bar as wide as 1/30 of the window (~40 px) holds a short name
-LABEL_LIMIT = 80  # names drawn at most: beyond, a view is too busy to read them
+LABEL_LIMIT = 30  # names drawn at most: beyond, a view is too busy to read them (and slower to draw)
 LABEL_CHARS = 12  # a label's characters (the name elided; the hover has it whole)
-HOVER_POINTS = 200  # a bar gets a hover point every 1/200 of the window (every 6 px of a 1200 px plot)
+# a bar gets a hover point every 1/80 of the window: every 15 px of a 1200 px plot, inside plotly's
+# 20 px hover distance, so hover works anywhere on it (1/200 cost the 446-finding finding page ~0.4 s)
+HOVER_POINTS = 80
 HOVER_POINTS_MAX = 50_000  # points inside bars, in all (fewer, further apart, beyond)
 ROW_DETAIL_LIMIT = 2_000  # intervals a row may show one by one before it is drawn as occupancy
 DEFAULT_BINS = 600

@@ -130,11 +130,12 @@ def test_one_long_interval_does_not_keep_a_zoomed_row_coarse(tmp_path):
     (segments,) = fig.data
     x = np.asarray(segments.x, dtype=float)
     assert np.isnan(x).sum() == 6  # six segments, each ended by a gap
-    # hover anywhere on a bar: the long kernel has a point (with its name) every 1/200 of the window
+    # hover anywhere on a bar: the long kernel has a point (with its name) every 1/80 of the window
     long = [xi for xi, h in zip(x, segments.hovertext, strict=True) if h.startswith("long_running_kernel")]
     inside = sorted(v for v in long if not np.isnan(v) and data.ms_since_origin(window[0]) <= v
                     <= data.ms_since_origin(window[1]))  # fmt: skip
-    assert len(inside) >= 200 and max(np.diff(inside)) <= (window[1] - window[0]) / 200 / 1e6 + 1e-9
+    assert len(inside) >= timeline.HOVER_POINTS == 80
+    assert max(np.diff(inside)) <= (window[1] - window[0]) / timeline.HOVER_POINTS / 1e6 + 1e-9
     assert any(t.type == "heatmap" for t in data.figure().data)  # zoomed out: 3,001 is over the limit
 
 
