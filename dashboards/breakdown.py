@@ -129,20 +129,15 @@ def figure(steps: dict[str, Any], limit: int = RANK_LIMIT) -> go.Figure:
             customdata=custom, hovertemplate=f"<b>{CATEGORY_LABELS[c]}</b><br>rank %{{customdata[0]}}, step "
             f"%{{customdata[1]}}: %{{customdata[2]:,.3f}} ms{lines}<extra></extra>",
         ))  # fmt: skip
-    fig.update_layout(
-        barmode="stack", bargap=0.15, height=340, margin={"l": 10, "r": 10, "t": 30, "b": 40}, plot_bgcolor="white",
-        legend={"orientation": "h", "y": 1.08, "x": 0, "traceorder": "normal"},
-        xaxis={"type": "multicategory", "title": "rank, then step (index in the capture)"},
-        yaxis={"title": "ms", "gridcolor": "#eee", "rangemode": "tozero"},
-    )  # fmt: skip
-    return fig
+    return _stacked(fig, height=340, bargap=0.15, legend_y=1.08, x_title="rank, then step (index in the capture)",
+                    y_title="ms")  # fmt: skip
 
 
 def comparison_figure(breakdown: dict[str, Any], limit: int = RANK_LIMIT) -> go.Figure | None:
     """Before and after a fix side by side, stacked by category (``nsysan diff``'s ``breakdown``: each
     bar the mean step in ms): first the job (every rank weighing the same), then each rank, up to
-    ``limit`` of them: all when the job has so few, else those whose change is not the job's
-    (``differs``). None when either side has no breakdown."""
+    ``limit`` of them: all when the job has so few, else, of those whose change is not the job's
+    (``differs``), the ``limit`` furthest from it, in rank order. None when either side has no breakdown."""
     if not breakdown.get("available"):
         return None
     ranks = breakdown["per_rank"]
@@ -166,11 +161,23 @@ def comparison_figure(breakdown: dict[str, Any], limit: int = RANK_LIMIT) -> go.
             x=[groups, sides], y=values[c], name=CATEGORY_LABELS[c], marker={"color": CATEGORY_COLOURS[c]},
             hovertemplate=f"<b>{CATEGORY_LABELS[c]}</b><br>%{{x}}: %{{y:,.3f}} ms a step<extra></extra>",
         ))  # fmt: skip
+    return _stacked(
+        fig,
+        height=320,
+        bargap=0.2,
+        legend_y=1.1,
+        x_title="the job (mean over ranks), then ranks: before and after",
+        y_title="ms a step (mean)",
+    )
+
+
+def _stacked(fig: go.Figure, *, height: int, bargap: float, legend_y: float, x_title: str, y_title: str) -> go.Figure:
+    """The layout both charts share: bars stacked by category over a two-level x axis, the legend on top."""
     fig.update_layout(
-        barmode="stack", bargap=0.2, height=320, margin={"l": 10, "r": 10, "t": 30, "b": 40}, plot_bgcolor="white",
-        legend={"orientation": "h", "y": 1.1, "x": 0, "traceorder": "normal"},
-        xaxis={"type": "multicategory", "title": "the job (mean over ranks), then ranks: before and after"},
-        yaxis={"title": "ms a step (mean)", "gridcolor": "#eee", "rangemode": "tozero"},
+        barmode="stack", bargap=bargap, height=height, margin={"l": 10, "r": 10, "t": 30, "b": 40},
+        plot_bgcolor="white", legend={"orientation": "h", "y": legend_y, "x": 0, "traceorder": "normal"},
+        xaxis={"type": "multicategory", "title": x_title},
+        yaxis={"title": y_title, "gridcolor": "#eee", "rangemode": "tozero"},
     )  # fmt: skip
     return fig
 
