@@ -103,7 +103,6 @@ def save_upload_streams(server: Server, files: Sequence[tuple[str, IO[bytes]]]) 
         owner = auth.current_user()
         used = server.store.uploaded_bytes(owner)
         quota = server.upload_quota_bytes
-        room = None if quota is None else quota - used
 
         def write(index: int, path: Path) -> None:
             nonlocal written
@@ -112,7 +111,7 @@ def save_upload_streams(server: Server, files: Sequence[tuple[str, IO[bytes]]]) 
                     written += len(piece)
                     if written > server.max_upload_bytes:
                         raise UploadRefused(f"upload over the limit of {server.max_upload_bytes / 2**20:.0f} MiB")
-                    if quota is not None and room is not None and written > room:
+                    if quota is not None and written > quota - used:
                         raise UploadRefused(
                             f"{'your' if owner else 'the'} uploads would pass the quota of {quota / 2**20:,.1f} MiB "
                             f"({used / 2**20:,.1f} MiB used): delete some first"
