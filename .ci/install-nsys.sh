@@ -40,8 +40,10 @@ cp "$work/nonfree.sources" "$work/parts/nonfree.sources"
 apt-get "${apt_private[@]}" update -qq
 (cd "$work/debs" && apt-get "${apt_private[@]}" download nsight-systems nsight-systems-target)
 
-# The host tools need libssh at run time.
-if ! ldconfig -p | grep -q 'libssh\.so\.4'; then
+# The host tools need libssh at run time. (The pipelines below read ldconfig's whole output: a reader
+# that stops early, grep -q or awk's exit, would kill ldconfig with SIGPIPE and, under pipefail, fail
+# the step even when the library is there.)
+if ! ldconfig -p | grep 'libssh\.so\.4' >/dev/null; then
     if [ "$(id -u)" = 0 ]; then
         # wait for another apt (unattended upgrades, a parallel job) rather than fail on its lock
         apt-get -o DPkg::Lock::Timeout=300 update -qq
@@ -56,7 +58,7 @@ mkdir -p "$prefix"
 for deb in "$work"/debs/*.deb; do dpkg -x "$deb" "$prefix"; done
 
 host=$prefix/usr/lib/nsight-systems/host-linux-x64
-libssh=$(ldconfig -p | awk '/libssh\.so\.4 /{print $NF; exit}')
+libssh=$(ldconfig -p | awk '/libssh\.so\.4 / && !found {found = $NF} END {print found}')
 ln -sf "$libssh" "$host/libssh.so"
 mkdir -p "$prefix/usr/lib/x86_64-linux-gnu/nsight-systems"
 ln -sfn "$host" "$prefix/usr/lib/x86_64-linux-gnu/nsight-systems/host-linux-x64"
