@@ -119,7 +119,7 @@ def _zoom(page: Any, i: int) -> None:
 
 def _open_findings(page: Any, url: str) -> None:
     page.goto(f"{url}/traces/1/findings")
-    page.locator("#findings-table td").first.wait_for(timeout=60_000)
+    page.locator("#findings-table .ag-cell").first.wait_for(timeout=60_000)
 
 
 def _open_finding(page: Any, url: str, finding_id: int) -> None:

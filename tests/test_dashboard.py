@@ -7,11 +7,13 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import dash
 import numpy as np
 import pytest
 
+import dashboards
 from dashboards import ids, timeline
 from dashboards.app import route
 from dashboards.auth import _safe_next, hash_password, is_loopback, load_users
@@ -182,16 +184,19 @@ def test_findings_of_one_group_fold_into_one_headline():
 
 
 def test_headlines_sort_severity_by_rank_not_alphabetically():
-    from dashboards.pages.findings import headlines, sort_rows
+    """The grid sorts in the browser (the browser test clicks the header); here: the rows carry the
+    rank the severity column's comparator reads, and every column sorts empty cells last."""
+    from dashboards.pages.findings import COLUMNS, grid, headlines
 
     rows = headlines([_found(1, "", 9, "info"), _found(2, "", 1, "critical"), _found(3, "", 5, "warning")])
-    assert [r["severity"] for r in rows] == ["critical", "warning", "info"]  # worst first before any sort
-    by = lambda direction: [r["severity"] for r in sort_rows(rows, [{"column_id": "severity", "direction": direction}])]  # noqa: E731
-    assert by("desc") == ["critical", "warning", "info"] and by("asc") == ["info", "warning", "critical"]
-    by_impact = sort_rows(rows, [{"column_id": "impact_ms", "direction": "desc"}])
-    assert [r["impact_ms"] for r in by_impact] == [9.0, 5.0, 1.0]
-    mixed = rows + headlines([_found(4, "", 2, rank=None)])
-    assert sort_rows(mixed, [{"column_id": "rank", "direction": "desc"}])[-1]["id"] == "#4"  # empty cells last
+    assert [(r["severity"], r["severity_rank"]) for r in rows] == [("critical", 2), ("warning", 1), ("info", 0)]
+    (severity,) = [c for c in COLUMNS if c["field"] == "severity"]
+    script = (Path(dashboards.__file__).parent / "assets" / "grid.js").read_text()
+    assert severity["comparator"] == {"function": "nsysanSeverityOrder"} and "nodeA.data.severity_rank" in script
+    table = grid("t", COLUMNS, rows)
+    assert table.defaultColDef["comparator"] == {"function": "nsysanOrder"} and "dagfuncs.nsysanOrder" in script
+    assert table.getRowId == "params.data.id" and table.dashGridOptions["domLayout"] == "autoHeight"
+    assert grid("t", COLUMNS, rows * 61).dashGridOptions["domLayout"] == "normal"  # many rows: virtual scrolling
 
 
 def test_a_group_lists_its_occurrences_each_linked():
@@ -201,7 +206,7 @@ def test_a_group_lists_its_occurrences_each_linked():
     listing = occurrences([_found(1, g, 1), _found(2, g, 5), _found(3, g, 2)])
     heading, table = listing.children
     assert heading.children == "3 occurrences of comm_compute_slowdown on rank 0, GPU 0, pid 9 · 8 ms in all"
-    assert [r["title"].rsplit("(", 1)[1] for r in table.data] == ["/findings/2)", "/findings/3)", "/findings/1)"]
+    assert [r["title"].rsplit("(", 1)[1] for r in table.rowData] == ["/findings/2)", "/findings/3)", "/findings/1)"]
 
 
 def test_one_timeline_marker_per_group_at_its_worst_occurrence():
@@ -404,7 +409,7 @@ def test_users_come_hashed_from_a_file_or_the_environment(tmp_path):
 
 
 def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
-    """Through Dash's own HTTP endpoint, as the browser calls them: sort the headlines, click one."""
+    """Through Dash's own HTTP endpoint, as the browser calls them: filter the headlines, pick one."""
     from dashboards.app import create_app
     from nsysan.store.models import FindingRecord
 
@@ -424,27 +429,24 @@ def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
         assert answer.status_code == 200, answer.data
         return answer.get_json()["response"]
 
-    sort = {"id": ids.FINDINGS_TABLE, "property": "sort_by", "value": [{"column_id": "severity", "direction": "asc"}]}
-    outputs = ("data", "active_cell", "selected_cells")
+    outputs = ("rowData", "selectedRows")
+    text["value"] = "slow"  # a text filter: the findings the test added, worst first; the picked row goes
     table = call({"output": ".." + "...".join(f"{ids.FINDINGS_TABLE}.{p}" for p in outputs) + "..",
                   "outputs": [{"id": ids.FINDINGS_TABLE, "property": p} for p in outputs],
-                  "inputs": [*filters, text, sort], "state": [trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.sort_by"]})  # fmt: skip
-    rows = table[ids.FINDINGS_TABLE]["data"]
-    assert [(r["severity"], r["count"], r["impact_ms"]) for r in rows] == [("info", 3, 6.0), ("warning", 1, 5.0),
-                                                                          ("critical", 1, 4.0)]  # fmt: skip
-    cell = {
-        "id": ids.FINDINGS_TABLE,
-        "property": "active_cell",
-        "value": {"row": 0, "column": 0, "row_id": rows[0]["id"]},
-    }
+                  "inputs": [*filters, text], "state": [trace], "changedPropIds": [f"{ids.FILTER_TEXT}.value"]})  # fmt: skip
+    rows = table[ids.FINDINGS_TABLE]["rowData"]
+    assert [(r["severity"], r["count"], r["impact_ms"]) for r in rows] == [("critical", 1, 4.0), ("warning", 1, 5.0),
+                                                                          ("info", 3, 6.0)]  # fmt: skip
+    assert table[ids.FINDINGS_TABLE]["selectedRows"] == []
+    picked = {"id": ids.FINDINGS_TABLE, "property": "selectedRows", "value": [rows[2]]}
     listing = call({"output": f"{ids.OCCURRENCES}.children", "outputs": {"id": ids.OCCURRENCES, "property": "children"},
-                    "inputs": [cell], "state": [*filters, text, trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.active_cell"]})  # fmt: skip
+                    "inputs": [picked], "state": [*filters, text, trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.selectedRows"]})  # fmt: skip
     heading, triage, occurrences = listing[ids.OCCURRENCES]["children"]["props"]["children"]
     assert heading["props"]["children"].startswith("3 occurrences of comm_compute_slowdown")
     versions, *_, button, _message = triage["props"]["children"]  # the group's triage form, its versions as listed
     assert versions["props"]["data"] == {"1": 1, "2": 1, "3": 1}
     assert button["props"]["children"] == "Set all 3 occurrences"
-    assert [r["title"].rsplit("(", 1)[1] for r in occurrences["props"]["data"]] == [
+    assert [r["title"].rsplit("(", 1)[1] for r in occurrences["props"]["rowData"]] == [
         f"/findings/{i})" for i in (3, 2, 1)
     ]
 

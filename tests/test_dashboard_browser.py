@@ -117,7 +117,21 @@ def test_a_group_is_triaged_in_one_action(browser, served):
     page.get_by_role("link", name="pipeline-stall", exact=True).click()
     page.get_by_role("link", name="findings table").click()
     trace_id = int(page.url.split("/traces/")[1].split("/")[0])
-    page.locator("#findings-table td", has_text="exposed_communication").first.click()
+    table = page.locator("#findings-table")
+    table.locator(".ag-cell", has_text="exposed_communication").first.wait_for()
+    rows = table.locator(".ag-center-cols-container .ag-row").count()
+
+    def severities() -> list[str]:
+        return [
+            table.locator(f'.ag-row[row-index="{i}"] .ag-cell[col-id="severity"]').inner_text() for i in range(rows)
+        ]
+
+    assert severities()[0] == "critical" and "info" in severities()  # worst first
+    table.locator(".ag-header-cell", has_text="severity").click()  # ascending: by rank, not alphabetically
+    table.locator('.ag-header-cell[col-id="severity"][aria-sort="ascending"]').wait_for()
+    rank = {"info": 0, "warning": 1, "critical": 2}
+    assert [rank[s] for s in severities()] == sorted(rank[s] for s in severities())
+    table.locator(".ag-cell", has_text="exposed_communication").first.click()
     apply = page.locator("#group-apply")
     apply.wait_for()
     assert apply.inner_text() == "Set all 4 occurrences"
@@ -128,8 +142,8 @@ def test_a_group_is_triaged_in_one_action(browser, served):
     done = page.locator(".triaged")
     done.wait_for()
     assert done.inner_text() == "Set status confirmed and assigned to dana on 4 occurrences."
-    assert page.locator("#occurrences-table td", has_text="confirmed").count() == 4
-    headline = page.locator("#findings-table tr", has=page.locator("td", has_text="exposed_communication"))
+    assert page.locator("#occurrences-table .ag-cell", has_text="confirmed").count() == 4
+    headline = page.locator("#findings-table .ag-row", has=page.locator(".ag-cell", has_text="exposed_communication"))
     assert "confirmed" in headline.inner_text() and "dana" in headline.inner_text()
     page.close()
     with urllib.request.urlopen(f"{served.url}/traces/{trace_id}/review.json") as answer:

@@ -214,9 +214,7 @@ def test_findings_show_when_and_are_searched_in_a_trace_and_across_traces(browse
     page.goto(f"{served.url}/traces/{_trace_id(page, 'pipeline-stall')}/findings")
     table = page.locator("#findings-table")
     table.get_by_text("nccl_ordering_stall").wait_for()
-    headers = table.locator("th").all_inner_texts()
-    when = [h.strip() for h in headers].index("when (ms)")
-    assert float(table.locator("tbody tr").nth(1).locator("td").nth(when).inner_text()) >= 0
+    assert float(table.locator('.ag-row[row-index="1"] .ag-cell[col-id="when_ms"]').inner_text()) >= 0
     page.fill("#filter-text", "no such kernel")
     table.get_by_text("nccl_ordering_stall").wait_for(state="detached")
     page.fill("#filter-text", "SendRecv")

@@ -3,7 +3,7 @@ problem) fold into one headline with their count, total impact and worst occurre
 headline lists its occurrences, with a form that sets the status and assignee of all of them at once
 (triage by group; each occurrence keeps its own thread). Filter by kind, severity, status and rank, and by text (title, kind,
 group key, kernel and other evidence); sort by any column (severity by rank, critical first, not
-alphabetically). "when" is an occurrence's start on the timeline's clock: ms since the trace's first
+alphabetically), all in the browser on Dash AG Grid. "when" is an occurrence's start on the timeline's clock: ms since the trace's first
 activity, as the overview's axis shows it (the worst occurrence's, for a headline).
 
 The trace's review (every finding with its status, assignee, comments and review events) downloads
@@ -20,8 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 import dash
+import dash_ag_grid as dag
 import flask
-from dash import Input, Output, State, dash_table, dcc, html
+from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards import ids, security
@@ -43,44 +44,71 @@ FILTERS = {
     ids.FILTER_STATUS: "status",
     ids.FILTER_RANK: "rank",
 }
+
+
+def _column(
+    field: str, header: str | None = None, width: int = 90, numeric: bool = False, **more: Any
+) -> dict[str, Any]:
+    """A column: ``width`` is its share when the grid fits its columns to the page."""
+    return (
+        {"field": field, "headerName": header or field, "width": width}
+        | ({"type": "numericColumn"} if numeric else {})
+        | more
+    )
+
+
+_TITLE: dict[str, Any] = {"cellRenderer": "markdown", "flex": 1, "comparator": {"function": "nsysanTitleOrder"},
+                          "cellStyle": {"wordBreak": "break-word"}}  # fmt: skip
+_SEVERITY_COLOURS = {"styleConditions": [
+    {"condition": f"params.value === '{s}'", "style": {"color": c, "fontWeight": "bold"}}
+    for s, c in (("critical", "#b00"), ("warning", "#a66b00"))]}  # fmt: skip
+# severity, kind, status and rank have the page's own filters above the table: no funnel of their own
+_FILTERED_ABOVE: dict[str, Any] = {"filter": False}
 COLUMNS = [
-    {"id": "severity", "name": "severity"},
-    {"id": "kind", "name": "kind"},
-    {"id": "rank", "name": "rank", "type": "numeric"},
-    {"id": "device", "name": "GPU", "type": "numeric"},
-    {"id": "count", "name": "occurrences", "type": "numeric"},
-    {"id": "impact_ms", "name": "total impact (ms)", "type": "numeric"},
-    {"id": "worst_ms", "name": "worst (ms)", "type": "numeric"},
-    {"id": "when_ms", "name": "when (ms)", "type": "numeric"},
-    {"id": "status", "name": "status"},
-    {"id": "assignee", "name": "assignee"},
-    {"id": "latest", "name": "latest analysis"},
-    {"id": "title", "name": "worst occurrence", "presentation": "markdown"},
+    _column(
+        "severity",
+        width=85,
+        comparator={"function": "nsysanSeverityOrder"},
+        cellStyle=_SEVERITY_COLOURS,
+        **_FILTERED_ABOVE,
+    ),
+    _column("kind", width=160, cellStyle={"wordBreak": "break-word"}, **_FILTERED_ABOVE),
+    _column("title", "worst occurrence", width=260, **_TITLE),
+    _column("rank", width=60, numeric=True, **_FILTERED_ABOVE),
+    _column("device", "GPU", width=80, numeric=True),
+    _column("count", "occurrences", width=110, numeric=True),
+    _column("impact_ms", "total impact (ms)", width=90, numeric=True),
+    _column("worst_ms", "worst (ms)", width=90, numeric=True),
+    _column("when_ms", "when (ms)", width=90, numeric=True),
+    _column("status", width=90, **_FILTERED_ABOVE),
+    _column("assignee", width=105),
+    _column("latest", "latest analysis", width=95),
 ]
 OCCURRENCE_COLUMNS = [
-    {"id": "impact_ms", "name": "impact (ms)", "type": "numeric"},
-    {"id": "rank", "name": "rank", "type": "numeric"},
-    {"id": "device", "name": "GPU", "type": "numeric"},
-    {"id": "when_ms", "name": "when (ms)", "type": "numeric"},
-    {"id": "start_ms", "name": "start (ms, export clock)", "type": "numeric"},
-    {"id": "window_ms", "name": "window (ms)", "type": "numeric"},
-    {"id": "status", "name": "status"},
-    {"id": "assignee", "name": "assignee"},
-    {"id": "latest", "name": "latest analysis"},
-    {"id": "title", "name": "finding", "presentation": "markdown"},
+    _column("impact_ms", "impact (ms)", width=90, numeric=True),
+    _column("title", "finding", width=300, **_TITLE),
+    _column("rank", width=75, numeric=True),
+    _column("device", "GPU", width=80, numeric=True),
+    _column("when_ms", "when (ms)", width=90, numeric=True),
+    _column("start_ms", "start (ms, export clock)", width=110, numeric=True),
+    _column("window_ms", "window (ms)", width=95, numeric=True),
+    _column("status", width=90),
+    _column("assignee", width=105),
+    _column("latest", "latest analysis", width=95),
 ]
 FOUND, MISSING = "found", "not found in the latest analysis"
 # rows of findings the latest analysis did not find: greyed
-_MISSING_STYLE = {"if": {"filter_query": f'{{latest}} = "{MISSING}"'}, "color": "#777", "fontStyle": "italic"}
-# the custom sort's keys where a cell's text does not sort right: severity by rank, the title link by its text
-_SORT_KEYS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "severity": lambda row: SEVERITY_RANK.get(row["severity"], -1),
-    "title": lambda row: row["worst_title"].lower(),
-}
-_TABLE_STYLE: dict[str, Any] = {
-    "markdown_options": {"link_target": "_self"}, "style_table": {"overflowX": "auto"},
-    "style_cell": {"textAlign": "left", "whiteSpace": "normal", "height": "auto", "fontFamily": "inherit"},
-}  # fmt: skip
+_MISSING_STYLE = {"styleConditions": [{"condition": f"params.data.latest === '{MISSING}'",
+                                       "style": {"color": "#777", "fontStyle": "italic"}}]}  # fmt: skip
+# Every column sorts (its header) and filters (the funnel by its name) in the browser, AG Grid's community
+# features; cells wrap, so a 300-character kernel name grows its row instead of running over the
+# next column.
+_DEFAULT_COLUMN = {"sortable": True, "filter": True, "resizable": True,
+                   "wrapText": True, "autoHeight": True, "wrapHeaderText": True, "autoHeaderHeight": True,
+                   "comparator": {"function": "nsysanOrder"}}  # fmt: skip
+# Up to this many rows a table is as tall as its rows; beyond, it is a box of fixed height that
+# draws only the rows in view (virtual scrolling), so thousands of headlines stay cheap.
+_ALL_ROWS_DRAWN = 60
 _PICK = "Click a row to list its occurrences, each linked to its finding."
 
 
@@ -118,34 +146,26 @@ def layout(server: Server, trace_id: int) -> html.Div:
         html.P(f"{not_found} finding{'s' if not_found != 1 else ''} of an earlier analysis {'were' if not_found != 1 else 'was'} "
                f"not found in the latest one: kept with {'their' if not_found != 1 else 'its'} review, listed last and "
                "greyed.", className="hint missing-findings") if not_found else None,
-        dash_table.DataTable(
-            id=ids.FINDINGS_TABLE, columns=COLUMNS, data=headlines(rows, when), sort_action="custom", sort_by=[],
-            page_size=50, style_data_conditional=[
-                {"if": {"filter_query": f'{{severity}} = "{s}"', "column_id": "severity"}, "color": c, "fontWeight": "bold"}
-                for s, c in (("critical", "#b00"), ("warning", "#a66b00"))] + [_MISSING_STYLE],
-            **_TABLE_STYLE,
-        ),
+        grid(ids.FINDINGS_TABLE, COLUMNS, headlines(rows, when), selectable=True),
         html.Div(html.P(_PICK, className="hint"), id=ids.OCCURRENCES),
     ])  # fmt: skip
 
 
 def register(app: dash.Dash, server: Server) -> None:
-    @app.callback(Output(ids.FINDINGS_TABLE, "data"), Output(ids.FINDINGS_TABLE, "active_cell"),
-                  Output(ids.FINDINGS_TABLE, "selected_cells"), *(Input(key, "value") for key in FILTERS),
-                  Input(ids.FILTER_TEXT, "value"), Input(ids.FINDINGS_TABLE, "sort_by"), State(ids.TRACE_ID, "data"),
-                  prevent_initial_call=True)  # fmt: skip
+    @app.callback(Output(ids.FINDINGS_TABLE, "rowData"), Output(ids.FINDINGS_TABLE, "selectedRows"),
+                  *(Input(key, "value") for key in FILTERS), Input(ids.FILTER_TEXT, "value"),
+                  State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
     def _filter(kind: str | None, severity: str | None, status: str | None, rank: int | None, text: str | None,
-                sort_by: list[dict[str, str]] | None, trace_id: int) -> Any:  # fmt: skip
+                trace_id: int) -> Any:  # fmt: skip
         found = _filtered(server, trace_id, kind, severity, status, rank, text)
-        rows = headlines(found, clock(server, trace_id))
-        return sort_rows(rows, sort_by or []), None, []  # rows moved: the clicked group's listing goes
+        return headlines(found, clock(server, trace_id)), []  # the picked group's listing goes with the old rows
 
-    @app.callback(Output(ids.OCCURRENCES, "children"), Input(ids.FINDINGS_TABLE, "active_cell"),
+    @app.callback(Output(ids.OCCURRENCES, "children"), Input(ids.FINDINGS_TABLE, "selectedRows"),
                   *(State(key, "value") for key in FILTERS), State(ids.FILTER_TEXT, "value"),
                   State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
-    def _occurrences(cell: dict[str, Any] | None, kind: str | None, severity: str | None, status: str | None,
+    def _occurrences(picked: list[dict[str, Any]] | None, kind: str | None, severity: str | None, status: str | None,
                      rank: int | None, text: str | None, trace_id: int) -> Any:  # fmt: skip
-        key = (cell or {}).get("row_id")
+        key = picked[0].get("id") if isinstance(picked, list) and picked and isinstance(picked[0], dict) else None
         found = _filtered(server, trace_id, kind, severity, status, rank, text)
         members = [f for f in found if group_id(f) == key]
         if not members:
@@ -153,10 +173,10 @@ def register(app: dash.Dash, server: Server) -> None:
         return occurrences(members, clock(server, trace_id), triage=_triage_form(server, members))
 
     @app.callback(Output(ids.OCCURRENCES, "children", allow_duplicate=True),
-                  Output(ids.FINDINGS_TABLE, "data", allow_duplicate=True),
+                  Output(ids.FINDINGS_TABLE, "rowData", allow_duplicate=True),
                   Input(ids.GROUP_APPLY, "n_clicks"), State(ids.GROUP_STATUS, "value"),
                   State(ids.GROUP_ASSIGNEE, "value"), State(ids.GROUP_VERSIONS, "data"),
-                  State(ids.FINDINGS_TABLE, "data"), State(ids.TRACE_ID, "data"), State(ids.AUTHOR, "value"),
+                  State(ids.FINDINGS_TABLE, "rowData"), State(ids.TRACE_ID, "data"), State(ids.AUTHOR, "value"),
                   prevent_initial_call=True)  # fmt: skip
     def _triage(n: int | None, status: str | None, assignee: str | None, versions: Any, shown: list[dict[str, Any]],
                 trace_id: int, author: str | None) -> Any:  # fmt: skip
@@ -289,26 +309,15 @@ def _headlines(findings: list[dict[str, Any]], when: Clock | None) -> list[dict[
         members = [findings[i] for i in g["findings"]]
         worst = findings[g["worst"]]
         rows.append({
-            "id": group_id(worst), "severity": g["severity"], "kind": g["kind"],
+            "id": group_id(worst), "severity": g["severity"], "severity_rank": SEVERITY_RANK.get(g["severity"], -1),
+            "kind": g["kind"],
             "rank": _common(m["rank"] for m in members), "device": _common(m["device"] for m in members),
             "count": g["count"], "impact_ms": _ms(g["impact_ns"]), "worst_ms": _ms(worst["impact_ns"]),
             "when_ms": when(worst) if when else None, "status": _statuses(members),
             "assignee": ", ".join(sorted({m["assignee"] for m in members if m["assignee"]})),
             "latest": FOUND if present(worst) else MISSING,
-            "title": _link(worst), "worst_title": worst["title"], "worst_id": worst["id"],
+            "title": _link(worst), "plain_title": worst["title"], "worst_id": worst["id"],
         })  # fmt: skip
-    return rows
-
-
-def sort_rows(rows: list[dict[str, Any]], sort_by: list[dict[str, str]]) -> list[dict[str, Any]]:
-    """The table's sort (``sort_by`` as DataTable gives it), done here so severity sorts by rank;
-    empty cells go last either way."""
-    for spec in reversed(sort_by):  # stable sorts, least significant first
-        column = spec["column_id"]
-        key = _SORT_KEYS.get(column, lambda row, c=column: row[c].lower() if isinstance(row[c], str) else row[c])
-        present = [r for r in rows if r.get(column) not in (None, "")]
-        present.sort(key=key, reverse=spec.get("direction") == "desc")
-        rows = present + [r for r in rows if r.get(column) in (None, "")]
     return rows
 
 
@@ -321,15 +330,27 @@ def occurrences(members: list[dict[str, Any]], when: Clock | None = None, triage
     rows = [{"impact_ms": _ms(m["impact_ns"]), "rank": m["rank"], "device": m["device"],
              "when_ms": when(m) if when else None, "start_ms": _ms(m["start_ns"]),
              "window_ms": _ms(m["end_ns"] - m["start_ns"]), "status": m["status"], "assignee": m["assignee"] or "",
-             "latest": FOUND if present(m) else MISSING, "title": _link(m), "id": m["id"]}
+             "latest": FOUND if present(m) else MISSING, "title": _link(m), "plain_title": m["title"], "id": m["id"]}
             for m in sorted(members, key=lambda m: (-m["impact_ns"], m["id"]))]  # fmt: skip
     return html.Div([
         html.H2(f"{len(members)} occurrence{'s' if len(members) != 1 else ''} of {members[0]['kind']}{place} "
                 f"· {duration(total)} in all{'' if present(members[0]) else f' · {MISSING}'}"),
         *([triage] if triage is not None else []),
-        dash_table.DataTable(id=ids.OCCURRENCES_TABLE, columns=OCCURRENCE_COLUMNS, data=rows, sort_action="native",
-                             page_size=50, style_data_conditional=[_MISSING_STYLE], **_TABLE_STYLE),
+        grid(ids.OCCURRENCES_TABLE, OCCURRENCE_COLUMNS, rows),
     ])  # fmt: skip
+
+
+def grid(grid_id: str, columns: list[dict[str, Any]], rows: list[dict[str, Any]], selectable: bool = False) -> Any:
+    """A table on Dash AG Grid: rows keyed by their ``id`` (a re-filtered or re-triaged row keeps its
+    place and selection), sorting and filtering in the browser, the rows of findings the latest
+    analysis did not find greyed; ``selectable``: a click picks one row (its ``selectedRows``)."""
+    options: dict[str, Any] = {"animateRows": False, "suppressCellFocus": False, "enableCellTextSelection": True,
+                               "domLayout": "autoHeight" if len(rows) <= _ALL_ROWS_DRAWN else "normal"}  # fmt: skip
+    if selectable:
+        options["rowSelection"] = {"mode": "singleRow", "checkboxes": False, "enableClickSelection": True}
+    return dag.AgGrid(id=grid_id, columnDefs=columns, rowData=rows, defaultColDef=_DEFAULT_COLUMN,
+                      getRowId="params.data.id", getRowStyle=_MISSING_STYLE, dashGridOptions=options,
+                      style={"height": None if len(rows) <= _ALL_ROWS_DRAWN else "70vh"})  # fmt: skip
 
 
 def _triage_form(server: Server, members: list[dict[str, Any]], message: Any = None) -> html.Div:
