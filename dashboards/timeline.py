@@ -1,4 +1,5 @@
-"""The overview timeline: one row per rank, GPU and lane (compute, NCCL, copies, NVTX).
+"""The overview timeline: one row per rank, GPU and lane (compute, NCCL, copies), then the rank's
+host rows: NVTX ranges per thread and nesting depth, CUDA API calls per thread.
 
 A 1M-kernel trace cannot be drawn kernel by kernel, so each row decides for itself: when the
 visible window holds few enough intervals it draws every one (with its name on hover), otherwise
@@ -30,8 +31,14 @@ from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_ns, merge
 from nsysan.report.document import fold_groups
 
-LANES = ("compute", "NCCL", "copies", "NVTX")
-LANE_COLOURS = {"compute": "#1f77b4", "NCCL": "#ff7f0e", "copies": "#2ca02c", "NVTX": "#9467bd"}
+LANES = ("compute", "NCCL", "copies", "NVTX", "CUDA API")
+LANE_COLOURS = {"compute": "#1f77b4", "NCCL": "#ff7f0e", "copies": "#2ca02c", "NVTX": "#9467bd", "CUDA API": "#8c564b"}
+HOST_LANES = ("NVTX", "CUDA API")  # rows per thread (and for NVTX, per nesting depth), not per GPU
+# every other interval of a row is drawn in a darker shade of its lane's colour, so back-to-back
+# kernels read as two bars, not one
+LANE_SHADES = {lane: "#" + "".join(f"{int(c[i:i + 2], 16) * 3 // 4:02x}" for i in (1, 3, 5))
+               for lane, c in LANE_COLOURS.items()}  # fmt: skip
+NVTX_DEPTH_ROWS = 6  # NVTX rows per thread; ranges nested deeper are drawn in the last
 SEVERITY_COLOURS = {"info": "#7f7f7f", "warning": "#e6a100", "critical": "#d62728"}
 LABEL_WIDTH = 30  # a bar as wide as 1/30 of the window (~40 px) holds a short name
 LABEL_LIMIT = 30  # names drawn at most: beyond, a view is too busy to read them (and slower to draw)
@@ -86,7 +93,7 @@ class TimelineData:
                 "export": k["export"], "rank": k["rank"], "pid": k["pid"], "device": k["device"],
                 "lane": np.where(is_communication(k), "NCCL", "compute"),
                 "start": k["start_ns"], "end": k["end_ns"], "name": k["short_name"],
-                "correlation": k["correlation_id"],
+                "correlation": k["correlation_id"], "tid": -1, "depth": 0,
             }))  # fmt: skip
         for frame, label in ((trace.memcpy, None), (trace.memset, "memset")):
             if len(frame):
@@ -95,18 +102,28 @@ class TimelineData:
                     "export": frame["export"], "rank": frame["rank"], "pid": frame["pid"], "device": frame["device"],
                     "lane": "copies", "start": frame["start_ns"], "end": frame["end_ns"],
                     "name": what + " " + _bytes(frame["bytes"]), "correlation": frame["correlation_id"],
+                    "tid": -1, "depth": 0,
                 }))  # fmt: skip
         nvtx = trace.nvtx
         if len(nvtx):
             ranges = nvtx[nvtx["event_type"].isin(NVTX_RANGE_TYPES) & nvtx["end_ns"].notna()]
+            depth = nesting_depth(ranges[["export", "pid", "tid"]], ranges["start_ns"], ranges["end_ns"])
             parts.append(pd.DataFrame({
                 "export": ranges["export"], "rank": ranges["rank"], "pid": ranges["pid"], "device": pd.NA,
                 "lane": "NVTX", "start": ranges["start_ns"], "end": ranges["end_ns"],
-                "name": ranges["text"].astype(str), "correlation": pd.NA,
+                "name": ranges["text"].astype(str), "correlation": pd.NA, "tid": ranges["tid"],
+                "depth": np.minimum(depth, NVTX_DEPTH_ROWS - 1),
+            }))  # fmt: skip
+        api = trace.api_calls(["tid", "start_ns", "end_ns", "name"])
+        if len(api):
+            parts.append(pd.DataFrame({
+                "export": api["export"], "rank": trace.rank_of(api["export"], api["pid"]), "pid": api["pid"],
+                "device": pd.NA, "lane": "CUDA API", "start": api["start_ns"], "end": api["end_ns"],
+                "name": api["name"], "correlation": pd.NA, "tid": api["tid"], "depth": 0,
             }))  # fmt: skip
         parts = [p for p in parts if len(p)]
         if not parts:
-            raise EmptyTimeline("the trace has no kernels, copies or NVTX ranges to draw")
+            raise EmptyTimeline("the trace has no kernels, copies, NVTX ranges or CUDA API calls to draw")
         d = pd.concat([p.drop(columns="name") for p in parts], ignore_index=True)
         # names stay categorical: a million kernels share a few hundred names
         d["name"] = union_categoricals([_categorical(p["name"]) for p in parts], ignore_order=True)
@@ -179,7 +196,11 @@ class TimelineData:
         for lane in LANES:
             idx = np.concatenate(detail[lane]) if detail[lane] else np.array([], dtype=np.int64)
             if len(idx):
-                fig.add_trace(self._segments(idx, labels, ms, LANE_COLOURS[lane], lane, width=12, window=(t0, t1)))
+                # rows are sorted by start: consecutive intervals of a row alternate in parity
+                for parity, colour in ((0, LANE_COLOURS[lane]), (1, LANE_SHADES[lane])):
+                    part = idx[idx % 2 == parity]
+                    if len(part):
+                        fig.add_trace(self._segments(part, labels, ms, colour, lane, width=12, window=(t0, t1)))
                 drawn.append(idx)
         if drawn:
             self._labels(fig, np.concatenate(drawn), labels, ms, (t0, t1))
@@ -506,28 +527,52 @@ def evidence_correlation_ids(evidence: Any) -> set[int]:
 
 def _row_key(d: pd.DataFrame) -> pd.Series:
     """One int64 per interval naming its row: who (the rank, or the pid where the rank is unknown),
-    GPU and lane, packed so a million intervals are keyed without building strings."""
+    then the GPU (device lanes) or the thread and NVTX depth (host lanes), and the lane, packed so
+    a million intervals are keyed without building strings (who < 2^25, GPU or tid + 1 < 2^25)."""
     who = np.where(d["rank"].notna(), d["rank"].fillna(0).astype("int64"), -1 - d["pid"].astype("int64"))
     device = d["device"].astype("Float64").fillna(-1).astype("int64").to_numpy()
+    tid = d["tid"].astype("int64").to_numpy()
+    sub = np.where(tid >= 0, tid, device) + 1
+    depth = d["depth"].astype("int64").to_numpy()
     lane = d["lane"].map({lane: i for i, lane in enumerate(LANES)}).to_numpy(dtype=np.int64)
-    return pd.Series((who.astype(np.int64) + (1 << 31)) << 24 | (device + 1) << 8 | lane, index=d.index)
+    key = (who.astype(np.int64) + (1 << 24)) << 33 | sub << 8 | depth << 4 | lane
+    return pd.Series(key, index=d.index)
 
 
 def _rows(first: pd.DataFrame, key: pd.Series) -> pd.DataFrame:
-    """The rows to draw, from one interval of each: ordered by rank, then GPU (a process's NVTX
-    after its GPUs), then lane (compute, NCCL, copies, NVTX)."""
+    """The rows to draw, from one interval of each: ordered by rank, then GPU (a process's host rows
+    after its GPUs), then lane (compute, NCCL, copies, NVTX, CUDA API), thread and NVTX depth."""
     rows = pd.DataFrame({
         "key": key.to_numpy(), "rank": first["rank"].astype("Int64").array,
         "pid": first["pid"].astype("int64").to_numpy(), "lane": first["lane"].to_numpy(),
         "device": first["device"].astype("Float64").astype("Int64").array,
+        "tid": first["tid"].astype("int64").to_numpy(), "depth": first["depth"].astype("int64").to_numpy(),
     })  # fmt: skip
     rows["lane_order"] = rows["lane"].map({lane: i for i, lane in enumerate(LANES)})
     rows["device_order"] = rows["device"].fillna(1 << 30)
-    rows = rows.sort_values(["rank", "pid", "device_order", "lane_order"], na_position="last").reset_index(drop=True)
+    order = ["rank", "pid", "device_order", "lane_order", "tid", "depth"]
+    rows = rows.sort_values(order, na_position="last").reset_index(drop=True)
     who = np.where(rows["rank"].notna(), "rank " + rows["rank"].astype("string"), "pid " + rows["pid"].astype("string"))
     gpu = np.where(rows["device"].notna(), " · GPU " + rows["device"].astype("string"), "")
-    rows["label"] = who + gpu + " · " + rows["lane"]
+    thread = np.where(rows["tid"] >= 0, " tid " + rows["tid"].astype("string"), "")
+    deepest = np.where(rows["depth"] == NVTX_DEPTH_ROWS - 1, "+", "")  # the last holds the deeper ones too
+    level = np.where(rows["depth"] > 0, " · level " + rows["depth"].astype("string") + deepest, "")
+    rows["label"] = who + gpu + " · " + rows["lane"] + thread + level
     return rows[["key", "device", "lane", "rank", "label"]]
+
+
+def nesting_depth(thread: pd.DataFrame, start: pd.Series, end: pd.Series) -> np.ndarray:
+    """Each range's depth among its thread's ranges (0: outermost): how many of the thread's ranges
+    are still open when it starts. Ranges sorted by start (the longer first on a tie), a range's
+    depth is its position less the ranges that ended by its start; one sort and one binary search
+    per thread, not a walk of the push/pop stack."""
+    out = np.zeros(len(start), dtype=np.int64)
+    starts, ends = start.to_numpy(dtype=np.int64), end.to_numpy(dtype=np.int64)
+    for where in thread.groupby(list(thread.columns), sort=False).indices.values():
+        order = np.asarray(where)[np.lexsort((-ends[where], starts[where]))]
+        closed = np.searchsorted(np.sort(ends[order]), starts[order], side="right")
+        out[order] = np.maximum(np.arange(order.size) - closed, 0)
+    return out
 
 
 def _categorical(values: pd.Series) -> pd.Categorical:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import dash
 import numpy as np
+import pandas as pd
 import pytest
 
 import dashboards
@@ -36,9 +37,34 @@ def _timeline(sample: str) -> TimelineData:
 
 def test_timeline_rows_are_ranks_gpus_and_lanes_on_the_job_clock():
     data = _timeline("allreduce-4rank-2022.4")  # one export per rank, sessions started apart
-    assert data.rows["label"].tolist()[:4] == ["rank 0 · GPU 0 · compute", "rank 0 · GPU 0 · NCCL",
-                                               "rank 0 · GPU 0 · copies", "rank 0 · NVTX"]  # fmt: skip
-    assert len(data.rows) == 16 and data.intervals == 200
+    assert data.rows["label"].tolist()[:6] == [
+        "rank 0 · GPU 0 · compute", "rank 0 · GPU 0 · NCCL", "rank 0 · GPU 0 · copies",
+        "rank 0 · NVTX tid 4100", "rank 0 · NVTX tid 4100 · level 1", "rank 0 · CUDA API tid 4100",
+    ]  # fmt: skip
+    # by hand in SQL: each export's kernels, copies, memsets, NVTX ranges (push/pop, type 59; those
+    # inside another of their thread) and CUDA runtime calls, every one drawn once, in its row
+    counts = {"compute+NCCL+copies": 0, "nvtx": 0, "nested": 0, "api": 0}
+    for path in sample_paths("allreduce-4rank-2022.4"):
+        with sqlite3.connect(path) as db:
+            counts["compute+NCCL+copies"] += sum(db.execute(f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_{t}").fetchone()[0]
+                                                 for t in ("KERNEL", "MEMCPY", "MEMSET"))  # fmt: skip
+            counts["nvtx"] += db.execute(
+                "SELECT count(*) FROM NVTX_EVENTS WHERE eventType = 59 AND end IS NOT NULL"
+            ).fetchone()[0]
+            counts["nested"] += db.execute(
+                "SELECT count(*) FROM NVTX_EVENTS i WHERE eventType = 59 AND EXISTS (SELECT 1 FROM NVTX_EVENTS o "
+                "WHERE o.eventType = 59 AND o.globalTid = i.globalTid AND o.rowid != i.rowid AND o.start <= i.start "
+                "AND o.end >= i.end)").fetchone()[0]  # fmt: skip
+            counts["api"] += db.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    lanes = data.rows["lane"].to_numpy()[data.row]
+    depth1 = data.rows["label"].str.endswith("level 1").to_numpy()[data.row]
+    assert counts == {"compute+NCCL+copies": 168, "nvtx": 32, "nested": 16, "api": 168}
+    assert {lane: int((lanes == lane).sum()) for lane in ("NVTX", "CUDA API")} == {
+        "NVTX": counts["nvtx"],
+        "CUDA API": counts["api"],
+    }
+    assert int(depth1.sum()) == counts["nested"]
+    assert len(data.rows) == 24 and data.intervals == 168 + counts["nvtx"] + counts["api"]
     with load_trace(sample_paths("allreduce-4rank-2022.4")) as trace:
         offset = trace.job_clock()
         k = trace.kernel_columns(["start_ns"])
@@ -65,14 +91,16 @@ def test_zoomed_out_rows_show_their_busy_share_and_zoomed_in_every_interval():
     assert {t.type for t in detail.data} == {"scattergl"}
     coarse = data.figure(row_detail_limit=2, bins=200)
     (heat,) = [t for t in coarse.data if t.type == "heatmap"]  # one heatmap for all rows, coloured by lane
-    assert list(heat.y) == ["rank 0 · GPU 0 · compute", "rank 0 · GPU 0 · copies"]  # every row (both busy here)
-    # each bin's busy share is the share of its nanoseconds under the row's kernels / copies, read
-    # straight from the export (one export, one GPU, no NCCL: its clock is the job clock)
+    # every row (all busy here): the GPU's, then the CUDA API calls of the thread that made them
+    assert list(heat.y)[:2] == ["rank 0 · GPU 0 · compute", "rank 0 · GPU 0 · copies"]
+    assert len(heat.y) == 3 and heat.y[2].startswith("rank 0 · CUDA API tid ")
+    # each bin's busy share is the share of its nanoseconds under the row's kernels / copies / calls,
+    # read straight from the export (one export, one GPU, no NCCL: its clock is the job clock)
     con = sqlite3.connect(f"file:{sample_paths('overlap-slowdown')[0]}?mode=ro", uri=True)
-    rows = [con.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall(),
-            con.execute("SELECT start, end FROM CUPTI_ACTIVITY_KIND_MEMCPY").fetchall()]  # fmt: skip
+    rows = [con.execute(f"SELECT start, end FROM CUPTI_ACTIVITY_KIND_{table}").fetchall()
+            for table in ("KERNEL", "MEMCPY", "RUNTIME")]  # fmt: skip
     con.close()
-    every = rows[0] + rows[1]
+    every = rows[0] + rows[1] + rows[2]
     assert data.extent_ns == (min(s for s, _ in every), max(e for _, e in every))
     edges = np.linspace(*data.extent_ns, 201).astype(np.int64)  # 200 equal bins over the run
     for busy, intervals in zip(heat.customdata, rows, strict=True):
@@ -114,6 +142,46 @@ def test_busy_share_of_a_small_case_worked_by_hand(tmp_path):
                                  np.array([1000, 1100, 1200, 1300, 1400])).tolist() == [1.0, 0.5, 0.0, 1.0]  # fmt: skip
 
 
+def test_back_to_back_kernels_are_two_bars_and_nested_nvtx_ranges_rows_of_their_own(tmp_path):
+    from fixtures.exporter import ExportWriter
+
+    w = ExportWriter(tmp_path / "adjacent.sqlite")
+    w.process(100, "python3")
+    w.thread(100, 100, "python3")
+    w.gpu(0)
+    for i, (start, end) in enumerate([(1000, 2000), (2000, 3000), (3000, 3500)]):  # no gap between them
+        w.kernel(100, 0, 7, start, end, f"kernel_{i}", correlation=i + 1)
+    for start, end, text in [
+        (900, 3600, "step"),
+        (950, 2100, "forward"),
+        (960, 1990, "layer0"),
+        (2100, 3500, "backward"),
+    ]:
+        w.nvtx_range(100, 100, start, end, text)
+    with load_trace([w.close()]) as trace:
+        data = TimelineData.from_trace(trace)
+    fig = data.figure()
+    compute = [t for t in fig.data if t.name == "compute"]
+    assert [(t.line.color, list(dict.fromkeys(h.split("<br>")[0] for h in t.hovertext if h))) for t in compute] == [
+        (timeline.LANE_COLOURS["compute"], ["kernel_0", "kernel_2"]), (timeline.LANE_SHADES["compute"], ["kernel_1"])
+    ]  # fmt: skip
+    nvtx = {data.rows["label"].iloc[r]: str(data.names[n]) for r, n in zip(data.row, data.name, strict=True)
+            if data.rows["lane"].iloc[r] == "NVTX" and str(data.names[n]) != "backward"}  # fmt: skip
+    assert nvtx == {"rank 0 · NVTX tid 100": "step", "rank 0 · NVTX tid 100 · level 1": "forward",
+                    "rank 0 · NVTX tid 100 · level 2": "layer0"}  # fmt: skip
+    backward = data.rows["label"].iloc[data.row[[str(data.names[n]) == "backward" for n in data.name]]].tolist()
+    assert backward == ["rank 0 · NVTX tid 100 · level 1"]  # after forward ended, beside it
+
+
+def test_nesting_depth_counts_the_ranges_still_open():
+    thread = pd.DataFrame({"tid": [1, 1, 1, 1, 1, 1, 2]})
+    start = pd.Series([0, 1, 2, 6, 10, 0, 1])
+    end = pd.Series([10, 5, 3, 8, 12, 4, 2])  # [0,10] holds [1,5] holds [2,3]; [6,8] in [0,10]; [10,12] after it
+    # [0,4] starts with [0,10], inside it (the longer is the outer on a tie), so [1,5], open beside
+    # both, is a level further down (ranges that overlap without nesting stack); thread 2 on its own
+    assert timeline.nesting_depth(thread, start, end).tolist() == [0, 2, 3, 1, 0, 1, 0]
+
+
 def test_one_long_interval_does_not_keep_a_zoomed_row_coarse(tmp_path):
     from fixtures.exporter import ExportWriter
 
@@ -129,11 +197,11 @@ def test_one_long_interval_does_not_keep_a_zoomed_row_coarse(tmp_path):
     window = (20_000_000, 20_050_000)  # 50 us: five short kernels and the long one
     fig = data.figure(window)
     assert all(t.type != "heatmap" for t in fig.data)
-    (segments,) = fig.data
-    x = np.asarray(segments.x, dtype=float)
+    x = np.concatenate([np.asarray(t.x, dtype=float) for t in fig.data])  # every other interval a shade darker
+    hover = [h for t in fig.data for h in t.hovertext]
     assert np.isnan(x).sum() == 6  # six segments, each ended by a gap
     # hover anywhere on a bar: the long kernel has a point (with its name) every 1/80 of the window
-    long = [xi for xi, h in zip(x, segments.hovertext, strict=True) if h.startswith("long_running_kernel")]
+    long = [xi for xi, h in zip(x, hover, strict=True) if h.startswith("long_running_kernel")]
     inside = sorted(v for v in long if not np.isnan(v) and data.ms_since_origin(window[0]) <= v
                     <= data.ms_since_origin(window[1]))  # fmt: skip
     assert len(inside) >= timeline.HOVER_POINTS == 80
@@ -151,7 +219,7 @@ def test_a_finding_is_marked_and_its_evidence_outlined():
     assert list(markers[0].customdata) == [7] and markers[0].y[0] == "rank 2 · GPU 2 · NCCL"
     (evidence,) = [t for t in fig.data if t.name == "evidence"]
     assert np.isnan(np.asarray(evidence.x, dtype=float)).sum() == 2  # two kernels: (start, points, end, gap) each
-    assert fig.layout.shapes[0].y0 == 3.5 and fig.layout.shapes[0].y1 == 5.5  # rank 2's rows (NCCL and NVTX)
+    assert fig.layout.shapes[0].y0 == 5.5 and fig.layout.shapes[0].y1 == 8.5  # rank 2's rows (NCCL, NVTX, CUDA API)
 
 
 MS = 1_000_000

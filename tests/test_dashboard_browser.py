@@ -247,12 +247,9 @@ def test_a_big_trace_is_drawn_as_busy_share_and_zooming_in_shows_every_kernel(br
         graph = "#timeline .js-plotly-plot"
         page.locator(f"{graph} g.hm").wait_for(state="attached")
         types = page.evaluate(f"document.querySelector('{graph}').data.map(t => t.type)")
-        assert types == [
-            "heatmap",
-            "scattergl",
-            "scattergl",
-            "scatter",
-        ]  # compute rows as busy share; NCCL and NVTX (150 a row) drawn; the findings' markers
+        # compute rows as busy share; NCCL and NVTX (150 a row) drawn, each in two shades (every other
+        # interval darker); the findings' markers
+        assert types == ["heatmap", "scattergl", "scattergl", "scattergl", "scattergl", "scatter"]
         # zoom as a drag would; the server redraws the window (the graph may not be listening yet: retry)
         for _ in range(5):
             page.evaluate(f"Plotly.relayout(document.querySelector('{graph}'), {{'xaxis.range': [10, 10.4]}})")

@@ -133,7 +133,7 @@ def test_the_zoom_window_round_trips_through_the_url(browser, served):
     assert shared.evaluate(f"document.querySelector('{GRAPH}').layout.xaxis.range") == [3, 5]
     assert shared.evaluate(f"document.querySelector('{GRAPH}')._fullLayout.yaxis._categories") == labels
     ticks = shared.locator(f"{GRAPH} .ytick").count()
-    assert ticks == len(labels) == 8  # 4 ranks x (NCCL, NVTX): rank 0's NCCL row is idle in 3-5 ms and kept
+    assert ticks == len(labels) == 12  # 4 ranks x (NCCL, NVTX, CUDA API): rank 0's NCCL row is idle in 3-5 ms and kept
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])

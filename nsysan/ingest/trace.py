@@ -167,12 +167,15 @@ class Trace:
         df = frames.concat_frames(parts)
         df["export"] = df["export"].astype("int64")
         if with_rank and "pid" in df.columns:
-            ranks = self.ranks
-            known = pd.Index(_process_key(ranks["export"], ranks["pid"]))
-            where = known.get_indexer(_process_key(df["export"], df["pid"]))
-            rank = ranks["rank"].astype("Int64").array.take(where, allow_fill=True)
-            df["rank"] = rank
+            df["rank"] = self.rank_of(df["export"], df["pid"])
         return df
+
+    def rank_of(self, export: pd.Series, pid: pd.Series) -> pd.api.extensions.ExtensionArray:
+        """The rank of each (export, process); missing where the process is no rank's."""
+        ranks = self.ranks
+        known = pd.Index(_process_key(ranks["export"], ranks["pid"]))
+        where = known.get_indexer(_process_key(export, pid))
+        return ranks["rank"].astype("Int64").array.take(where, allow_fill=True)
 
     @functools.cached_property
     def ranks(self) -> pd.DataFrame:
