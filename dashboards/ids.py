@@ -37,6 +37,7 @@ FILTER_RANK = "filter-rank"
 FILTER_TEXT = "filter-text"  # title, kind, group key or kernel text
 OCCURRENCES = "occurrences"  # a headline's occurrences, shown when its row is clicked
 OCCURRENCES_TABLE = "occurrences-table"
+LISTED_GROUP = "listed-group"  # the headline whose occurrences are listed (a grid re-sending it lists nothing anew)
 GROUP_STATUS = "group-status"  # triage of the listed occurrences in one action
 GROUP_ASSIGNEE = "group-assignee"
 GROUP_APPLY = "group-apply"

@@ -251,7 +251,7 @@ def test_findings_of_one_group_fold_into_one_headline():
     assert headlines([_found(1, g, 1, rank=0), _found(2, g, 1, rank=1)])[0]["rank"] is None  # differing: empty
 
 
-def test_headlines_sort_severity_by_rank_not_alphabetically():
+def test_the_grid_sorts_severity_by_rank_with_named_comparators():
     """The grid sorts in the browser (the browser test clicks the header); here: the rows carry the
     rank the severity column's comparator reads, and every column sorts empty cells last."""
     from dashboards.pages.findings import COLUMNS, grid, headlines
@@ -476,7 +476,7 @@ def test_users_come_hashed_from_a_file_or_the_environment(tmp_path):
         assert _safe_next(bad) == "/", bad
 
 
-def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
+def test_the_findings_page_callbacks_fold_filter_and_list_occurrences(server):
     """Through Dash's own HTTP endpoint, as the browser calls them: filter the headlines, pick one."""
     from dashboards.app import create_app
     from nsysan.store.models import FindingRecord
@@ -487,7 +487,8 @@ def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
              _found(5, "", 5, "warning")]  # fmt: skip
     with server.store.session() as s, s.begin():
         s.add_all(FindingRecord(**(f | {"trace_id": trace_id})) for f in found)
-    client = create_app(server).server.test_client()
+    app = create_app(server)
+    client = app.server.test_client()
     filters = [{"id": key, "property": "value", "value": None} for key in FILTERS]
     trace = {"id": ids.TRACE_ID, "property": "data", "value": trace_id}
     text = {"id": ids.FILTER_TEXT, "property": "value", "value": None}
@@ -497,18 +498,22 @@ def test_the_findings_page_callbacks_fold_sort_and_list_occurrences(server):
         assert answer.status_code == 200, answer.data
         return answer.get_json()["response"]
 
-    outputs = ("rowData", "selectedRows")
     text["value"] = "slow"  # a text filter: the findings the test added, worst first; the picked row goes
-    table = call({"output": ".." + "...".join(f"{ids.FINDINGS_TABLE}.{p}" for p in outputs) + "..",
-                  "outputs": [{"id": ids.FINDINGS_TABLE, "property": p} for p in outputs],
+    (key,) = [k for k in app.callback_map if k.startswith(f"..{ids.FINDINGS_TABLE}.rowData...")]  # "@hash": a duplicate
+    table = call({"output": key,
+                  "outputs": [dict(zip(("id", "property"), o.rsplit(".", 1), strict=True)) for o in key.strip(".").split("...")],
                   "inputs": [*filters, text], "state": [trace], "changedPropIds": [f"{ids.FILTER_TEXT}.value"]})  # fmt: skip
     rows = table[ids.FINDINGS_TABLE]["rowData"]
     assert [(r["severity"], r["count"], r["impact_ms"]) for r in rows] == [("critical", 1, 4.0), ("warning", 1, 5.0),
                                                                           ("info", 3, 6.0)]  # fmt: skip
     assert table[ids.FINDINGS_TABLE]["selectedRows"] == []
     picked = {"id": ids.FINDINGS_TABLE, "property": "selectedRows", "value": [rows[2]]}
-    listing = call({"output": f"{ids.OCCURRENCES}.children", "outputs": {"id": ids.OCCURRENCES, "property": "children"},
-                    "inputs": [picked], "state": [*filters, text, trace], "changedPropIds": [f"{ids.FINDINGS_TABLE}.selectedRows"]})  # fmt: skip
+    listed = {"id": ids.LISTED_GROUP, "property": "data", "value": None}
+    listing = call({"output": f"..{ids.OCCURRENCES}.children...{ids.LISTED_GROUP}.data..",
+                    "outputs": [{"id": ids.OCCURRENCES, "property": "children"}, {"id": ids.LISTED_GROUP, "property": "data"}],
+                    "inputs": [picked], "state": [*filters, text, trace, listed],
+                    "changedPropIds": [f"{ids.FINDINGS_TABLE}.selectedRows"]})  # fmt: skip
+    assert listing[ids.LISTED_GROUP]["data"] == rows[2]["id"]
     heading, triage, occurrences = listing[ids.OCCURRENCES]["children"]["props"]["children"]
     assert heading["props"]["children"].startswith("3 occurrences of comm_compute_slowdown")
     versions, *_, button, _message = triage["props"]["children"]  # the group's triage form, its versions as listed

@@ -43,10 +43,8 @@ def test_a_finding_not_found_again_is_listed_last_greyed_and_says_so(tmp_path):
     server = SimpleNamespace(store=store, timelines=SimpleNamespace(get=no_timeline))
     page = findings_page.layout(server, trace_id)
     (table,) = [c for c in _components(page) if getattr(c, "id", None) == findings_page.ids.FINDINGS_TABLE]
-    assert [r["latest"] for r in table.rowData] == [
-        findings_page.FOUND,
-        findings_page.MISSING,
-    ]  # its own headline, last
+    latest = [r["latest"] for r in table.rowData]
+    assert latest == [findings_page.FOUND, findings_page.MISSING]  # its own headline, last
     assert table.rowData[1]["worst_id"] == gone["id"] and table.rowData[0]["count"] == 5
     assert "1 finding of an earlier analysis was not found in the latest one" in _text(page)
     listing = findings_page.occurrences([store.finding(gone["id"])])

@@ -49,15 +49,16 @@ FILTERS = {
 def _column(
     field: str, header: str | None = None, width: int = 90, numeric: bool = False, **more: Any
 ) -> dict[str, Any]:
-    """A column: ``width`` is its share when the grid fits its columns to the page."""
+    """A column ``width`` px wide at first (a user may resize it); the title column takes the rest."""
     return (
         {"field": field, "headerName": header or field, "width": width}
-        | ({"type": "numericColumn"} if numeric else {})
+        | ({"type": "numericColumn", "cellDataType": "number"} if numeric else {})
         | more
     )
 
 
-_TITLE: dict[str, Any] = {"cellRenderer": "markdown", "flex": 1, "comparator": {"function": "nsysanTitleOrder"},
+# a title cell holds a markdown link: it sorts and filters by the title's text
+_TITLE: dict[str, Any] = {"cellRenderer": "markdown", "flex": 1, "filterValueGetter": {"function": "params.data.plain_title"}, "comparator": {"function": "nsysanTitleOrder"},
                           "cellStyle": {"wordBreak": "break-word"}}  # fmt: skip
 _SEVERITY_COLOURS = {"styleConditions": [
     {"condition": f"params.value === '{s}'", "style": {"color": c, "fontWeight": "bold"}}
@@ -100,9 +101,9 @@ FOUND, MISSING = "found", "not found in the latest analysis"
 # rows of findings the latest analysis did not find: greyed
 _MISSING_STYLE = {"styleConditions": [{"condition": f"params.data.latest === '{MISSING}'",
                                        "style": {"color": "#777", "fontStyle": "italic"}}]}  # fmt: skip
-# Every column sorts (its header) and filters (the funnel by its name) in the browser, AG Grid's community
-# features; cells wrap, so a 300-character kernel name grows its row instead of running over the
-# next column.
+# Every column sorts (its header) and, unless the page filters it above the table, filters (the
+# funnel by its name) in the browser, AG Grid's community features; cells wrap, so a 300-character
+# kernel name grows its row instead of running over the next column.
 _DEFAULT_COLUMN = {"sortable": True, "filter": True, "resizable": True,
                    "wrapText": True, "autoHeight": True, "wrapHeaderText": True, "autoHeaderHeight": True,
                    "comparator": {"function": "nsysanOrder"}}  # fmt: skip
@@ -148,29 +149,36 @@ def layout(server: Server, trace_id: int) -> html.Div:
                "greyed.", className="hint missing-findings") if not_found else None,
         grid(ids.FINDINGS_TABLE, COLUMNS, headlines(rows, when), selectable=True),
         html.Div(html.P(_PICK, className="hint"), id=ids.OCCURRENCES),
+        dcc.Store(id=ids.LISTED_GROUP, data=None),
     ])  # fmt: skip
 
 
 def register(app: dash.Dash, server: Server) -> None:
     @app.callback(Output(ids.FINDINGS_TABLE, "rowData"), Output(ids.FINDINGS_TABLE, "selectedRows"),
+                  Output(ids.LISTED_GROUP, "data", allow_duplicate=True),
                   *(Input(key, "value") for key in FILTERS), Input(ids.FILTER_TEXT, "value"),
                   State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
     def _filter(kind: str | None, severity: str | None, status: str | None, rank: int | None, text: str | None,
                 trace_id: int) -> Any:  # fmt: skip
         found = _filtered(server, trace_id, kind, severity, status, rank, text)
-        return headlines(found, clock(server, trace_id)), []  # the picked group's listing goes with the old rows
+        return headlines(found, clock(server, trace_id)), [], None  # the picked group's listing goes with the old rows
 
-    @app.callback(Output(ids.OCCURRENCES, "children"), Input(ids.FINDINGS_TABLE, "selectedRows"),
-                  *(State(key, "value") for key in FILTERS), State(ids.FILTER_TEXT, "value"),
-                  State(ids.TRACE_ID, "data"), prevent_initial_call=True)  # fmt: skip
+    @app.callback(Output(ids.OCCURRENCES, "children"), Output(ids.LISTED_GROUP, "data"),
+                  Input(ids.FINDINGS_TABLE, "selectedRows"), *(State(key, "value") for key in FILTERS),
+                  State(ids.FILTER_TEXT, "value"), State(ids.TRACE_ID, "data"), State(ids.LISTED_GROUP, "data"),
+                  prevent_initial_call=True)  # fmt: skip
     def _occurrences(picked: list[dict[str, Any]] | None, kind: str | None, severity: str | None, status: str | None,
-                     rank: int | None, text: str | None, trace_id: int) -> Any:  # fmt: skip
+                     rank: int | None, text: str | None, trace_id: int, listed: str | None) -> Any:  # fmt: skip
         key = picked[0].get("id") if isinstance(picked, list) and picked and isinstance(picked[0], dict) else None
+        if key is not None and key == listed:
+            # the grid re-sends its selection when a group triage changes the row: the listing, and
+            # the triage's answer in it, stay
+            raise PreventUpdate
         found = _filtered(server, trace_id, kind, severity, status, rank, text)
         members = [f for f in found if group_id(f) == key]
         if not members:
-            return html.P(_PICK, className="hint")
-        return occurrences(members, clock(server, trace_id), triage=_triage_form(server, members))
+            return html.P(_PICK, className="hint"), None
+        return occurrences(members, clock(server, trace_id), triage=_triage_form(server, members)), key
 
     @app.callback(Output(ids.OCCURRENCES, "children", allow_duplicate=True),
                   Output(ids.FINDINGS_TABLE, "rowData", allow_duplicate=True),
@@ -340,11 +348,15 @@ def occurrences(members: list[dict[str, Any]], when: Clock | None = None, triage
     ])  # fmt: skip
 
 
-def grid(grid_id: str, columns: list[dict[str, Any]], rows: list[dict[str, Any]], selectable: bool = False) -> Any:
-    """A table on Dash AG Grid: rows keyed by their ``id`` (a re-filtered or re-triaged row keeps its
-    place and selection), sorting and filtering in the browser, the rows of findings the latest
-    analysis did not find greyed; ``selectable``: a click picks one row (its ``selectedRows``)."""
-    options: dict[str, Any] = {"animateRows": False, "suppressCellFocus": False, "enableCellTextSelection": True,
+def grid(
+    grid_id: str, columns: list[dict[str, Any]], rows: list[dict[str, Any]], selectable: bool = False
+) -> dag.AgGrid:
+    """A table on Dash AG Grid: rows keyed by their ``id`` (a re-triaged row keeps its place and
+    selection), sorting and filtering in the browser, the rows of findings the latest analysis did
+    not find greyed; ``selectable``: a click (or Space on a focused row) picks one row (its
+    ``selectedRows``). Whether it draws every row or scrolls virtually is decided by the rows it is
+    drawn with."""
+    options: dict[str, Any] = {"animateRows": False, "enableCellTextSelection": True,
                                "domLayout": "autoHeight" if len(rows) <= _ALL_ROWS_DRAWN else "normal"}  # fmt: skip
     if selectable:
         options["rowSelection"] = {"mode": "singleRow", "checkboxes": False, "enableClickSelection": True}
@@ -401,4 +413,4 @@ def _link(f: dict[str, Any]) -> str:
 
 def _escape(text: str) -> str:
     """Markdown-safe: a finding's title names kernels, which may hold brackets and underscores."""
-    return "".join("\\" + c if c in "\\`*_{}[]()<>#+-.!|" else c for c in text)
+    return "".join("\\" + c if c in "\\`*_{}[]()<>#+-.!|~&" else c for c in text)
