@@ -586,7 +586,9 @@ def serve(
     db: Annotated[
         str | None,
         typer.Option(
-            "--db", help="The review store: a SQLite file, or a URL such as postgresql+psycopg://user:pw@host/db."
+            "--db",
+            help="The review store: a SQLite file (default ./nsysan-review.sqlite), or a URL such as "
+            "postgresql+psycopg://user:pw@host/db.",
         ),
     ] = None,
     traces_dir: Annotated[
