@@ -34,8 +34,8 @@ from nsysan.report.document import fold_groups
 LANES = ("compute", "NCCL", "copies", "NVTX", "CUDA API")
 LANE_COLOURS = {"compute": "#1f77b4", "NCCL": "#ff7f0e", "copies": "#2ca02c", "NVTX": "#9467bd", "CUDA API": "#8c564b"}
 HOST_LANES = ("NVTX", "CUDA API")  # rows per thread (and for NVTX, per nesting depth), not per GPU
-# every other interval of a row is drawn in a darker shade of its lane's colour, so back-to-back
-# kernels read as two bars, not one
+# every other interval of a stream (of a thread, for host rows) is drawn in a darker shade of its
+# lane's colour, so back-to-back kernels read as two bars, not one
 LANE_SHADES = {lane: "#" + "".join(f"{int(c[i:i + 2], 16) * 3 // 4:02x}" for i in (1, 3, 5))
                for lane, c in LANE_COLOURS.items()}  # fmt: skip
 NVTX_DEPTH_ROWS = 6  # NVTX rows per thread; ranges nested deeper are drawn in the last
@@ -50,11 +50,11 @@ HOVER_POINTS_MAX = 50_000  # points inside bars, in all (fewer, further apart, b
 ROW_DETAIL_LIMIT = 2_000  # intervals a row may show one by one before it is drawn as occupancy
 DEFAULT_BINS = 600
 MARKER_LIFT_PX = 12  # a finding's ▼ is drawn this far above its row's centre, in the gap between rows
-_KERNEL_COLUMNS = ("pid", "device", "start_ns", "end_ns", "short_name", "correlation_id")
+_KERNEL_COLUMNS = ("pid", "device", "stream", "start_ns", "end_ns", "short_name", "correlation_id")
 
 
 class EmptyTimeline(InputError):
-    """A trace with nothing to draw (no kernels, copies or NVTX ranges)."""
+    """A trace with nothing to draw (no kernels, copies, NVTX ranges or CUDA API calls)."""
 
 
 @dataclass
@@ -67,7 +67,8 @@ class TimelineData:
     end: np.ndarray
     name: np.ndarray  # index into names
     names: np.ndarray
-    correlation: np.ndarray  # -1 where the interval has none (NVTX)
+    correlation: np.ndarray  # -1 where the interval has none (NVTX, CUDA API)
+    shade: np.ndarray  # 0 or 1, alternating along each stream (or thread) of a row: drawn lighter or darker
     bounds: np.ndarray  # intervals of row i are [bounds[i], bounds[i+1])
     max_duration: np.ndarray  # per row: how far before a window an interval can start and still show
     merged: list[pd.DataFrame]  # per row: disjoint intervals, for occupancy
@@ -91,7 +92,7 @@ class TimelineData:
         if len(k):
             parts.append(pd.DataFrame({
                 "export": k["export"], "rank": k["rank"], "pid": k["pid"], "device": k["device"],
-                "lane": np.where(is_communication(k), "NCCL", "compute"),
+                "lane": _lanes(np.where(is_communication(k), LANES.index("NCCL"), LANES.index("compute"))), "stream": k["stream"],
                 "start": k["start_ns"], "end": k["end_ns"], "name": k["short_name"],
                 "correlation": k["correlation_id"], "tid": -1, "depth": 0,
             }))  # fmt: skip
@@ -100,7 +101,8 @@ class TimelineData:
                 what = frame["copy_kind"].astype(str) if label is None else pd.Series(label, index=frame.index)
                 parts.append(pd.DataFrame({
                     "export": frame["export"], "rank": frame["rank"], "pid": frame["pid"], "device": frame["device"],
-                    "lane": "copies", "start": frame["start_ns"], "end": frame["end_ns"],
+                    "lane": _lane("copies", len(frame)), "stream": frame["stream"],
+                    "start": frame["start_ns"], "end": frame["end_ns"],
                     "name": what + " " + _bytes(frame["bytes"]), "correlation": frame["correlation_id"],
                     "tid": -1, "depth": 0,
                 }))  # fmt: skip
@@ -109,17 +111,19 @@ class TimelineData:
             ranges = nvtx[nvtx["event_type"].isin(NVTX_RANGE_TYPES) & nvtx["end_ns"].notna()]
             depth = nesting_depth(ranges[["export", "pid", "tid"]], ranges["start_ns"], ranges["end_ns"])
             parts.append(pd.DataFrame({
-                "export": ranges["export"], "rank": ranges["rank"], "pid": ranges["pid"], "device": pd.NA,
-                "lane": "NVTX", "start": ranges["start_ns"], "end": ranges["end_ns"],
-                "name": ranges["text"].astype(str), "correlation": pd.NA, "tid": ranges["tid"],
+                "export": ranges["export"], "rank": ranges["rank"], "pid": ranges["pid"],
+                "device": _no_device(len(ranges)), "lane": _lane("NVTX", len(ranges)), "stream": -1,
+                "start": ranges["start_ns"], "end": ranges["end_ns"],
+                "name": ranges["text"].astype(str), "correlation": -1, "tid": ranges["tid"],
                 "depth": np.minimum(depth, NVTX_DEPTH_ROWS - 1),
             }))  # fmt: skip
         api = trace.api_calls(["tid", "start_ns", "end_ns", "name"])
         if len(api):
             parts.append(pd.DataFrame({
                 "export": api["export"], "rank": trace.rank_of(api["export"], api["pid"]), "pid": api["pid"],
-                "device": pd.NA, "lane": "CUDA API", "start": api["start_ns"], "end": api["end_ns"],
-                "name": api["name"], "correlation": pd.NA, "tid": api["tid"], "depth": 0,
+                "device": _no_device(len(api)), "lane": _lane("CUDA API", len(api)), "stream": -1,
+                "start": api["start_ns"], "end": api["end_ns"],
+                "name": api["name"], "correlation": -1, "tid": api["tid"], "depth": 0,
             }))  # fmt: skip
         parts = [p for p in parts if len(p)]
         if not parts:
@@ -132,6 +136,8 @@ class TimelineData:
         rows = _rows(d.loc[key.drop_duplicates().index], key.drop_duplicates())
         d["row"] = pd.Index(rows["key"]).get_indexer(key)
         d = d.sort_values(["row", "start"], kind="stable")
+        # every other interval of a stream (a thread, a depth) a shade darker: back-to-back kernels are two bars
+        shade = (d.groupby(["row", "stream"], sort=False).cumcount().to_numpy() % 2).astype(np.int8)
         names = d["name"].array
         row = d["row"].to_numpy(dtype=np.int64)
         start, end = d["start"].to_numpy(dtype=np.int64), d["end"].to_numpy(dtype=np.int64)
@@ -145,7 +151,7 @@ class TimelineData:
             rows=rows.drop(columns=["key"]),
             row=row, start=start, end=end,
             name=names.codes.astype(np.int32), names=np.asarray(names.categories, dtype=object),
-            correlation=d["correlation"].fillna(-1).to_numpy(dtype=np.int64),
+            correlation=d["correlation"].fillna(-1).to_numpy(dtype=np.int64), shade=shade,
             bounds=bounds, max_duration=duration.to_numpy(dtype=np.int64),
             merged=[merged_all.iloc[cut[i]:cut[i + 1]] for i in range(len(rows))],
             rank_offset={int(r): int(offset.get(int(e), 0)) for r, e in zip(ranks["rank"], ranks["export"], strict=True)},
@@ -196,9 +202,8 @@ class TimelineData:
         for lane in LANES:
             idx = np.concatenate(detail[lane]) if detail[lane] else np.array([], dtype=np.int64)
             if len(idx):
-                # rows are sorted by start: consecutive intervals of a row alternate in parity
                 for parity, colour in ((0, LANE_COLOURS[lane]), (1, LANE_SHADES[lane])):
-                    part = idx[idx % 2 == parity]
+                    part = idx[self.shade[idx] == parity]
                     if len(part):
                         fig.add_trace(self._segments(part, labels, ms, colour, lane, width=12, window=(t0, t1)))
                 drawn.append(idx)
@@ -534,7 +539,7 @@ def _row_key(d: pd.DataFrame) -> pd.Series:
     tid = d["tid"].astype("int64").to_numpy()
     sub = np.where(tid >= 0, tid, device) + 1
     depth = d["depth"].astype("int64").to_numpy()
-    lane = d["lane"].map({lane: i for i, lane in enumerate(LANES)}).to_numpy(dtype=np.int64)
+    lane = d["lane"].cat.codes.to_numpy().astype(np.int64)
     key = (who.astype(np.int64) + (1 << 24)) << 33 | sub << 8 | depth << 4 | lane
     return pd.Series(key, index=d.index)
 
@@ -562,17 +567,56 @@ def _rows(first: pd.DataFrame, key: pd.Series) -> pd.DataFrame:
 
 
 def nesting_depth(thread: pd.DataFrame, start: pd.Series, end: pd.Series) -> np.ndarray:
-    """Each range's depth among its thread's ranges (0: outermost): how many of the thread's ranges
-    are still open when it starts. Ranges sorted by start (the longer first on a tie), a range's
-    depth is its position less the ranges that ended by its start; one sort and one binary search
-    per thread, not a walk of the push/pop stack."""
+    """Each range's level among its thread's ranges (0: outermost), so that no two ranges of a level
+    overlap. For push/pop ranges, which nest, that is how many of the thread's ranges are still open
+    when it starts: with ranges sorted by start (the longer first on a tie), its position less the
+    ranges that ended by its start, one sort and one binary search per thread, not a walk of the
+    stack. A zero-length range counts as open at its own instant. Start/end ranges may overlap
+    without nesting: a range whose level is still taken at its start moves a level down
+    (:func:`_free_levels`, one vectorised pass per level)."""
     out = np.zeros(len(start), dtype=np.int64)
     starts, ends = start.to_numpy(dtype=np.int64), end.to_numpy(dtype=np.int64)
     for where in thread.groupby(list(thread.columns), sort=False).indices.values():
-        order = np.asarray(where)[np.lexsort((-ends[where], starts[where]))]
-        closed = np.searchsorted(np.sort(ends[order]), starts[order], side="right")
-        out[order] = np.maximum(np.arange(order.size) - closed, 0)
+        # doubled times, a zero-length range's end half a tick late: it is open at its own start
+        s2 = 2 * starts[where]
+        e2 = 2 * ends[where] + (ends[where] == starts[where])
+        order = np.lexsort((-e2, s2))
+        s2, e2 = s2[order], e2[order]
+        closed = np.searchsorted(np.sort(e2), s2, side="right")
+        out[np.asarray(where)[order]] = _free_levels(s2, e2, np.maximum(np.arange(order.size) - closed, 0))
     return out
+
+
+def _free_levels(start: np.ndarray, end: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """``level`` (of ranges sorted by start) with each range that starts before an earlier range of
+    its level has ended moved a level down, level by level from the top, so no level holds two
+    overlapping ranges (but the last, which holds the deeper ones anyway)."""
+    level = level.copy()
+    for lv in range(NVTX_DEPTH_ROWS - 1):
+        at = np.flatnonzero(level == lv)  # in start order
+        if at.size < 2:
+            continue
+        reach = np.maximum.accumulate(end[at])  # the latest end so far among the level's ranges
+        taken = start[at[1:]] < reach[:-1]
+        level[at[1:][taken]] += 1
+    return level
+
+
+_LANE_DTYPE = pd.CategoricalDtype(list(LANES))
+
+
+def _lanes(codes: np.ndarray) -> pd.Categorical:
+    """Lanes by their index in LANES, as a categorical: a byte per interval, its codes the index."""
+    return pd.Categorical.from_codes(codes.astype(np.int8), dtype=_LANE_DTYPE)
+
+
+def _lane(name: str, n: int) -> pd.Categorical:
+    return _lanes(np.full(n, LANES.index(name)))
+
+
+def _no_device(n: int) -> pd.arrays.IntegerArray:
+    """A device column for host rows: all missing, but integer (pd.NA alone makes an object column)."""
+    return pd.array(np.full(n, pd.NA), dtype="Int64")
 
 
 def _categorical(values: pd.Series) -> pd.Categorical:

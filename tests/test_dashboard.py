@@ -151,6 +151,7 @@ def test_back_to_back_kernels_are_two_bars_and_nested_nvtx_ranges_rows_of_their_
     w.gpu(0)
     for i, (start, end) in enumerate([(1000, 2000), (2000, 3000), (3000, 3500)]):  # no gap between them
         w.kernel(100, 0, 7, start, end, f"kernel_{i}", correlation=i + 1)
+    w.kernel(100, 0, 8, 1500, 1800, "other_stream", correlation=9)  # between them in the row, on its own stream
     for start, end, text in [
         (900, 3600, "step"),
         (950, 2100, "forward"),
@@ -163,7 +164,8 @@ def test_back_to_back_kernels_are_two_bars_and_nested_nvtx_ranges_rows_of_their_
     fig = data.figure()
     compute = [t for t in fig.data if t.name == "compute"]
     assert [(t.line.color, list(dict.fromkeys(h.split("<br>")[0] for h in t.hovertext if h))) for t in compute] == [
-        (timeline.LANE_COLOURS["compute"], ["kernel_0", "kernel_2"]), (timeline.LANE_SHADES["compute"], ["kernel_1"])
+        (timeline.LANE_COLOURS["compute"], ["kernel_0", "other_stream", "kernel_2"]),
+        (timeline.LANE_SHADES["compute"], ["kernel_1"]),
     ]  # fmt: skip
     nvtx = {data.rows["label"].iloc[r]: str(data.names[n]) for r, n in zip(data.row, data.name, strict=True)
             if data.rows["lane"].iloc[r] == "NVTX" and str(data.names[n]) != "backward"}  # fmt: skip
@@ -180,6 +182,14 @@ def test_nesting_depth_counts_the_ranges_still_open():
     # [0,4] starts with [0,10], inside it (the longer is the outer on a tie), so [1,5], open beside
     # both, is a level further down (ranges that overlap without nesting stack); thread 2 on its own
     assert timeline.nesting_depth(thread, start, end).tolist() == [0, 2, 3, 1, 0, 1, 0]
+    one = pd.DataFrame({"tid": [1, 1, 1]})
+    # start/end ranges that overlap without nesting: C starts while B (level 1) is open, so it goes below
+    overlapping = timeline.nesting_depth(one, pd.Series([1000, 1100, 12000]), pd.Series([10000, 20000, 14000]))
+    assert overlapping.tolist() == [0, 1, 2]
+    # a zero-length range is open at its own instant: the range starting there is not drawn over it
+    zero = timeline.nesting_depth(pd.DataFrame({"tid": [1] * 4}), pd.Series([1000, 2000, 5000, 5000]),
+                                  pd.Series([10000, 5000, 5000, 7000]))  # fmt: skip
+    assert zero.tolist() == [0, 1, 2, 1]
 
 
 def test_one_long_interval_does_not_keep_a_zoomed_row_coarse(tmp_path):

@@ -31,7 +31,7 @@ from dashboards import breakdown, ids
 from dashboards.analysis import stored_steps
 from dashboards.pages.common import captured, cell, missing, severity_badge, thread
 from dashboards.server import Server
-from dashboards.timeline import LANE_COLOURS, LANES, SEVERITY_COLOURS, TimelineData, evidence_items
+from dashboards.timeline import LANE_COLOURS, LANE_SHADES, LANES, SEVERITY_COLOURS, TimelineData, evidence_items
 from nsysan.detect.registry import parse_settings, raised_limits
 from nsysan.errors import InputError
 from nsysan.report import format as fmt
@@ -398,8 +398,8 @@ def _body(server: Server, t: dict[str, Any], view: dict[str, Any]) -> tuple[Any,
     figure, view, evidence = _view_outputs(server, data, trace_id, view)
     return [
         html.H2("Timeline"),
-        html.P(f"{data.intervals:,} kernels, copies and NVTX ranges in {len(data.rows)} rows; time in ms since the "
-               "trace's first activity. Zoom in to see every one; zoomed out, a row that would show more than 2,000 "
+        html.P(f"{data.intervals:,} kernels, copies, NVTX ranges and CUDA API calls in {len(data.rows)} rows; time in "
+               "ms since the trace's first activity. Zoom in to see every one; zoomed out, a row that would show more than 2,000 "
                "is drawn as its busy share. Click a ▼ to select its finding.", className="hint"),
         _legend(),
         dcc.Graph(id=ids.TIMELINE, figure=figure, config={"displaylogo": False, "scrollZoom": True}),
@@ -410,6 +410,8 @@ def _body(server: Server, t: dict[str, Any], view: dict[str, Any]) -> tuple[Any,
 def _legend() -> html.Div:
     swatch = lambda colour, cls="swatch": html.Span(className=cls, style={"background": colour})  # noqa: E731
     items = [html.Span([swatch(LANE_COLOURS[lane]), f"{lane}"], className="item") for lane in LANES]
+    items.append(html.Span([swatch(f"linear-gradient(90deg, {LANE_COLOURS['compute']} 50%, {LANE_SHADES['compute']} 50%)"),
+                            "every other bar of a stream darker"], className="item"))  # fmt: skip
     items.append(html.Span([swatch("linear-gradient(90deg, #eef1f5, #1f77b4)"), "busy share (zoomed out)"],
                            className="item"))  # fmt: skip
     items += [html.Span([html.Span("▼", className="marker", style={"color": SEVERITY_COLOURS[s]}), f"{s} finding"],
