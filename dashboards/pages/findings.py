@@ -81,9 +81,9 @@ COLUMNS = [
     _column("impact_ms", "total impact (ms)", width=90, numeric=True),
     _column("worst_ms", "worst (ms)", width=90, numeric=True),
     _column("when_ms", "when (ms)", width=90, numeric=True),
-    _column("status", width=90, **_FILTERED_ABOVE),
+    _column("status", width=120, **_FILTERED_ABOVE),
     _column("assignee", width=105),
-    _column("latest", "latest analysis", width=95),
+    _column("latest", "latest analysis", width=105),
 ]
 OCCURRENCE_COLUMNS = [
     _column("impact_ms", "impact (ms)", width=90, numeric=True),
@@ -93,9 +93,9 @@ OCCURRENCE_COLUMNS = [
     _column("when_ms", "when (ms)", width=90, numeric=True),
     _column("start_ms", "start (ms, export clock)", width=110, numeric=True),
     _column("window_ms", "window (ms)", width=95, numeric=True),
-    _column("status", width=90),
+    _column("status", width=120),
     _column("assignee", width=105),
-    _column("latest", "latest analysis", width=95),
+    _column("latest", "latest analysis", width=105),
 ]
 FOUND, MISSING = "found", "not found in the latest analysis"
 # rows of findings the latest analysis did not find: greyed
