@@ -137,7 +137,7 @@ class TimelineData:
         d["row"] = pd.Index(rows["key"]).get_indexer(key)
         d = d.sort_values(["row", "start"], kind="stable")
         # every other interval of a stream (a thread, a depth) a shade darker: back-to-back kernels are two bars
-        shade = (d.groupby(["row", "stream"], sort=False).cumcount().to_numpy() % 2).astype(np.int8)
+        shade = (d.groupby(["row", "stream"], sort=False, dropna=False).cumcount().to_numpy() % 2).astype(np.int8)
         names = d["name"].array
         row = d["row"].to_numpy(dtype=np.int64)
         start, end = d["start"].to_numpy(dtype=np.int64), d["end"].to_numpy(dtype=np.int64)

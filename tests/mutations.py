@@ -13,12 +13,15 @@ them in CI.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.conftest import realtraces_dir
 
 REPO = Path(__file__).resolve().parent.parent
 _COPY = ("nsysan", "dashboards", "fixtures", "tests", "pyproject.toml")
@@ -112,7 +115,9 @@ MUTANTS: tuple[Mutant, ...] = (
 
 
 def killed(mutant: Mutant, timeout_s: int = 900) -> tuple[bool, str]:
-    """Apply ``mutant`` to a copy of the repository and run its tests: (whether they failed, last line)."""
+    """Apply ``mutant`` to a copy of the repository and run its tests: (whether a test failed, last
+    line). Only failed tests count (pytest's exit 1): an error of the run itself (nothing collected,
+    a collection error, an internal error) raises, so it cannot pass for a caught mutant."""
     with tempfile.TemporaryDirectory(prefix="nsysan-mutant-") as tmp:
         root = Path(tmp)
         for name in _COPY:
@@ -129,13 +134,19 @@ def killed(mutant: Mutant, timeout_s: int = 900) -> tuple[bool, str]:
                 f"{mutant.name}: the code to mutate is not in {mutant.path} exactly once; update the mutant"
             )
         target.write_text(text.replace(mutant.old, mutant.new))
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
-            cwd=root, capture_output=True, text=True, timeout=timeout_s,
-            env={**__import__("os").environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"},
-        )  # fmt: skip
+        env = {
+            **os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1",
+            # the copy has no ../shared beside it: the real exports stay where this checkout finds them
+            "NSYSAN_REALTRACES": str(realtraces_dir().resolve()),
+            "OMP_NUM_THREADS": "1",  # mutants run side by side: one thread each
+        }  # fmt: skip
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                   f"--basetemp={root / 'pytest-tmp'}", *mutant.tests]  # fmt: skip
+        result = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=timeout_s, env=env)
         last = (result.stdout.strip().splitlines() or [""])[-1]
-        return result.returncode != 0, last
+        if result.returncode not in (0, 1):
+            raise RuntimeError(f"{mutant.name}: its tests did not run (pytest exit {result.returncode}: {last})")
+        return result.returncode == 1, last
 
 
 if __name__ == "__main__":
