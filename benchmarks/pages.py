@@ -100,21 +100,44 @@ def _time(timings: dict[str, list[float]], label: str, step: Callable[..., Any],
     timings.setdefault(label, []).append(time.perf_counter() - t)
 
 
+def _until(page: Any, predicate: str, timeout_s: float) -> bool:
+    """Poll ``predicate`` (JavaScript) every 20 ms until it holds: whether it did within ``timeout_s``.
+    Polled with evaluate (DevTools), not wait_for_function: the page's CSP forbids eval, which
+    wait_for_function needs."""
+    end = time.perf_counter() + timeout_s
+    while time.perf_counter() < end:
+        if page.evaluate(predicate):
+            return True
+        page.wait_for_timeout(20)
+    return False
+
+
+def _wait(page: Any, predicate: str, timeout_s: float) -> None:
+    if not _until(page, predicate, timeout_s):
+        raise TimeoutError(f"not within {timeout_s:g} s: {predicate}")
+
+
 def _open_trace(page: Any, url: str) -> None:
     page.goto(f"{url}/traces/1")
-    page.wait_for_function(f"(document.querySelector('{GRAPH}') || {{}}).data !== undefined", timeout=300_000)
+    _wait(page, f"(document.querySelector('{GRAPH}') || {{}}).data !== undefined", 300)
 
 
 def _zoom(page: Any, i: int) -> None:
-    """A narrow window somewhere in the middle (another each time): the server draws it anew."""
-    page.evaluate(f"""() => {{
-        const gd = document.querySelector('{GRAPH}');
-        window.__before = gd.data;
-        const [lo, hi] = gd.layout.xaxis.range.map(Number);
-        const at = lo + (hi - lo) * (0.3 + 0.1 * {i % 5});
-        Plotly.relayout(gd, {{'xaxis.range': [at, at + (hi - lo) / 200]}});
-    }}""")
-    page.wait_for_function(f"document.querySelector('{GRAPH}').data !== window.__before", timeout=60_000)
+    """A narrow window somewhere in the middle (another each time): the server draws it anew. The
+    graph may not be listening yet when the page has just drawn it: the zoom is asked again, up to
+    five times, and the time counts from the first ask."""
+    for _ in range(5):
+        page.evaluate(f"""() => {{
+            const gd = document.querySelector('{GRAPH}');
+            window.__before = window.__before || gd.data;
+            const [lo, hi] = gd.layout.xaxis.range.map(Number);
+            const at = lo + (hi - lo) * (0.3 + 0.1 * {i % 5});
+            Plotly.relayout(gd, {{'xaxis.range': [at, at + (hi - lo) / 200]}});
+        }}""")
+        if _until(page, f"document.querySelector('{GRAPH}').data !== window.__before", 10):
+            page.evaluate("() => { window.__before = undefined; }")
+            return
+    raise TimeoutError("the zoomed figure never came")
 
 
 def _open_findings(page: Any, url: str) -> None:
@@ -124,9 +147,7 @@ def _open_findings(page: Any, url: str) -> None:
 
 def _open_finding(page: Any, url: str, finding_id: int) -> None:
     page.goto(f"{url}/findings/{finding_id}")
-    page.wait_for_function(
-        "(document.querySelector('#finding-timeline .js-plotly-plot') || {}).data !== undefined", timeout=60_000
-    )
+    _wait(page, "(document.querySelector('#finding-timeline .js-plotly-plot') || {}).data !== undefined", 60)
 
 
 if __name__ == "__main__":
