@@ -115,8 +115,8 @@ def report(
     traces: Annotated[
         list[str],
         typer.Argument(
-            help="nsys SQLite exports: files, directories of them, or globs. "
-            "Give all ranks of one job together (one export per rank, or one holding all processes).",
+            help="nsys exports (SQLite, .nsys-rep, .arrows, parquetdir/arrowdir directories): files, directories "
+            "of them, or globs. Give all ranks of one job together (one export per rank, or one holding all processes).",
             metavar="TRACE...",
             show_default=False,
         ),
@@ -437,13 +437,14 @@ def cache_info(cache_dir: CacheDir = None) -> None:
     typer.echo(f"entries:  {info.entries} export(s), {info.files} file(s)")
     typer.echo(f"size:     {info.size_bytes / 2**20:.1f} MiB")
     typer.echo(
-        f"reports:  {reports} .nsys-rep exported to SQLite, {report_bytes / 2**20:.1f} MiB in {exports_dir(cache_dir)}"
+        f"reports:  {reports} .nsys-rep or Arrow/Parquet export(s) made into SQLite, {report_bytes / 2**20:.1f} MiB in "
+        f"{exports_dir(cache_dir)}"
     )
 
 
 @cache_app.command("clear")
 def cache_clear(cache_dir: CacheDir = None) -> None:
-    """Remove every entry of the frame cache and the kept exports of .nsys-rep reports (only nsysan's entries)."""
+    """Remove every entry of the frame cache and the SQLite made of .nsys-rep reports and Arrow/Parquet exports (only nsysan's entries)."""
     from nsysan.ingest.cache import FrameCache
     from nsysan.ingest.raw_reports import clear_exports, exports_dir
 

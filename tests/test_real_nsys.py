@@ -122,3 +122,35 @@ def test_a_raw_report_is_exported_once_with_nothing_written_beside_it(capture, t
         assert same(first.stdout, exported[0]) == same(again.stdout, exported[0]) == same(direct.stdout, export)
     finally:
         alone.chmod(0o755)
+
+
+def test_nsys_arrow_export_reports_as_its_sqlite_export(capture, nsys_bin, tmp_path):
+    """`nsys export --type arrow` (2022.4): one .arrows file, an Arrow stream per table named in
+    its metadata, text as binary; nsysan copies it into SQLite and reports exactly what the
+    .sqlite nsys wrote at capture gives."""
+    import re
+
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    export, _ = capture
+    out = tmp_path / "job.arrows"
+    done = subprocess.run([str(nsys_bin), "export", "--type", "arrow", "--quiet", "true", "--output", str(out),
+                           str(export.with_suffix(".nsys-rep"))], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0 and out.is_file(), done.stderr
+    # the layout nsysan's reader relies on (nsysan/ingest/arrow_exports.py)
+    source, names = pa.OSFile(str(out), "rb"), {}
+    while source.tell() < out.stat().st_size:
+        stream = ipc.open_stream(source)
+        names[stream.schema.metadata[b"table_name"].decode()] = stream.schema
+        stream.read_all()
+    assert {"StringIds", "NVTX_EVENTS", "ThreadNames"} <= set(names)
+    assert names["StringIds"].field("value").type == pa.binary()
+
+    def report(path: Path) -> str:
+        r = subprocess.run([sys.executable, "-m", "nsysan", "report", "-f", "json", "--no-cache", str(path)],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        return re.sub(r'"path": "[^"]*"', '"path": "-"', r.stdout)
+
+    assert report(out) == report(export)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from nsysan.errors import InputError
+from nsysan.ingest.arrow_exports import STREAMS_SUFFIXES, is_arrow_export, sqlite_of_tables
 from nsysan.ingest.raw_reports import RAW_SUFFIXES, is_raw, sqlite_of
 
 EXPORT_SUFFIXES = (".sqlite", ".db", ".sqlite3")
@@ -21,7 +22,9 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
     """Files as given, directories as the exports inside them, globs expanded; order kept. A raw
     report (``.nsys-rep``) stands for its SQLite export, made with nsys once
     (:mod:`nsysan.ingest.raw_reports`), unless a ``.sqlite`` of the same name beside it is given too
-    (nsys and ``nsysan capture`` write both; a directory or a glob names both).
+    (nsys and ``nsysan capture`` write both; a directory or a glob names both). An export in Arrow
+    or Parquet (a ``.arrows`` file, an ``arrowdir`` / ``parquetdir`` directory) stands for its
+    SQLite copy (:mod:`nsysan.ingest.arrow_exports`), made once.
 
     Inside a directory only regular files count: a FIFO, device or socket named ``x.sqlite``
     would block or stream forever, so it is skipped and a note appended to ``skipped`` (and a
@@ -32,15 +35,21 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
     for item in inputs:
         text = str(item)
         path = Path(text)
-        if path.is_dir():
-            # exports, and regular raw reports (one beside its own export is dropped below)
+        if path.is_dir() and is_arrow_export(path):
+            paths.append(path)
+        elif path.is_dir():
+            # exports, regular raw reports and Arrow streams (one beside its own export is dropped
+            # below), and directories that are Arrow/Parquet exports
             named = sorted(p for p in path.iterdir() if p.suffix.lower() in EXPORT_SUFFIXES
-                           or (p.suffix.lower() in RAW_SUFFIXES and p.is_file()))  # fmt: skip
+                           or (p.suffix.lower() in (*RAW_SUFFIXES, *STREAMS_SUFFIXES) and p.is_file()))  # fmt: skip
             found = [p for p in named if p.is_file()]
             if skipped is not None:
                 skipped.extend(f"{p}: skipped, not a regular file" for p in named if not p.is_file())
+            found += sorted(p for p in path.iterdir() if p.is_dir() and is_arrow_export(p))
             if not found:
-                raise InputError(f"{path}: directory holds no .sqlite exports or .nsys-rep reports")
+                raise InputError(
+                    f"{path}: directory holds no .sqlite exports, .nsys-rep reports or Arrow/Parquet exports"
+                )
             paths.extend(found)
         elif not path.exists() and glob.has_magic(text):
             matched = sorted(Path(p) for p in glob.glob(text))
@@ -51,9 +60,12 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
             paths.append(path)
     # a capture's report beside its own export, both named (a glob over run directories): the
     # export is read, the report not exported again as a second copy of the same ranks
+    # (and an Arrow stream export beside the SQLite one: the SQLite one is read)
     exported = {(p.parent.resolve(), p.stem) for p in paths if not is_raw(p)}
     paths = [p for p in paths if not (is_raw(p) and (p.parent.resolve(), p.stem) in exported)]
-    paths = [sqlite_of(p) if is_raw(p) and p.is_file() else p for p in paths]
+    sqlite = {(p.parent.resolve(), p.stem) for p in paths if not is_raw(p) and p.suffix.lower() not in STREAMS_SUFFIXES}
+    paths = [p for p in paths if not (p.suffix.lower() in STREAMS_SUFFIXES and (p.parent.resolve(), p.stem) in sqlite)]
+    paths = [_readable(p) for p in paths]
     seen: set[Path] = set()
     unique = []
     for p in paths:
@@ -64,3 +76,13 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
     if not unique:
         raise InputError("no trace given")
     return unique
+
+
+def _readable(path: Path) -> Path:
+    """The SQLite file read for ``path``: itself, or the export made of a raw report or the copy
+    made of an Arrow/Parquet export."""
+    if is_raw(path) and path.is_file():
+        return sqlite_of(path)
+    if is_arrow_export(path):
+        return sqlite_of_tables(path)
+    return path

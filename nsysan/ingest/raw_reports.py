@@ -77,7 +77,7 @@ def sqlite_of(path: Path) -> Path:
         hash_file(digest, path)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    folder = _directory() / digest.hexdigest()[:KEY_CHARS]
+    folder = export_directory() / digest.hexdigest()[:KEY_CHARS]
     target = folder / (path.name[: -len(path.suffix)] + ".sqlite")
     if not target.is_file():
         _export(nsys, path, folder, target)
@@ -113,7 +113,9 @@ def clear_exports(folder: Path) -> tuple[int, int]:
     return len(entries) - left, left
 
 
-def _directory() -> Path:
+def export_directory() -> Path:
+    """Where exports made in this process go: the configured cache, or a temporary directory
+    removed at exit."""
     global _temporary
     if _where is False:
         if _temporary is None:
@@ -123,13 +125,20 @@ def _directory() -> Path:
     return _where if isinstance(_where, Path) else exports_dir()
 
 
+def partial_file(folder: Path, target: Path) -> Path:
+    """A new empty file in ``folder`` to write ``target`` into, renamed into place when complete, so
+    an interrupted export or copy is never taken for a finished one (its name starts with a dot)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".sqlite", dir=folder)
+    os.close(fd)
+    return Path(partial)
+
+
 def _export(nsys: Path, path: Path, folder: Path, target: Path) -> None:
     """``nsys export`` into a temporary name in ``folder``, renamed into place when complete, so
     an interrupted export is never taken for a finished one."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".sqlite", dir=folder)
-        os.close(fd)
+        partial = str(partial_file(folder, target))
     except OSError as exc:
         raise InputError(
             f"{path}: cannot write its SQLite export to {folder} ({exc.strerror}); set XDG_CACHE_HOME or "
