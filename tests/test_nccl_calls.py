@@ -221,3 +221,38 @@ def test_calls_found_by_name_when_the_domain_row_is_gone(tmp_path):
     with NsysExport(path) as x:
         calls = read_nccl_calls(x)
     pd.testing.assert_frame_equal(_comparable(calls), _comparable(_expected("current")))
+
+
+def test_a_grouped_send_recv_kernel_with_payloads_is_matched_by_communicator(tmp_path):
+    """One SendRecv kernel doing a group's send and receive (two legs) on each of two ranks, with
+    NCCL's payloads: its participants come from the communicator, and analysing it does not crash
+    (it did under pandas 3: a Series' numpy view is read-only)."""
+    from nsysan.analysis import analyse
+
+    path = tmp_path / "grouped.sqlite"
+    w = ExportWriter(path, "current")
+    kernel = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    for rank, pid in enumerate((300, 301)):
+        w.process(pid, "python")
+        w.thread(pid, pid, "python")
+        w.gpu(rank)
+        w.nccl_call(pid, pid, 1_000_000, 1_000_900, "ncclCommInitRankConfig", comm_id=COMM, nranks=2, rank=rank)
+        for step in range(3):
+            t = 2_000_000 + step * 1_000_000
+            w.nccl_call(pid, pid, t, t + 10, "ncclGroupStart")
+            w.nccl_call(pid, pid, t + 20, t + 100, "ncclSend", comm_id=COMM, nbytes=1 << 20, peer=1 - rank)
+            w.nccl_call(pid, pid, t + 120, t + 200, "ncclRecv", comm_id=COMM, nbytes=1 << 20, peer=1 - rank)
+            w.nccl_call(pid, pid, t + 210, t + 300, "ncclGroupEnd")
+            correlation = 10 * step + 1
+            w.runtime(pid, pid, t + 220, t + 280, "cudaLaunchKernel", correlation)
+            late = 200_000 if (rank, step) == (1, 1) else 0  # rank 1 arrives late once
+            w.kernel(pid, rank, 13, t + 300 + late, t + 400_000, kernel, correlation=correlation, grid=(2, 1, 1))
+    w.close()
+    with load_trace([path]) as trace:
+        doc = analyse(trace)
+    assert {(f["kind"], f["rank"]) for f in doc["findings"] if f["kind"] == "exposed_communication"} == {
+        ("exposed_communication", 0),
+        ("exposed_communication", 1),
+    }
+    # every op's participants were found (by communicator): none of their time is left unjudged
+    assert not [u for u in doc["steps"].get("unjudged", []) if u["detector"] == "nccl_ordering_stall"]

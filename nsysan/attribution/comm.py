@@ -303,9 +303,10 @@ def participants(ops: pd.DataFrame, m: Matching, notes: list[str], legs: pd.Data
             table = pd.concat([single.reset_index(drop=True), extra[list(COMMUNICATOR_COLUMNS)]], ignore_index=True)
         by_comm, edges = participants_by_communicator(table)
         if several:
-            group = pd.Series(-1, index=ops.index, dtype="int64")
             g = by_comm.to_numpy()
-            group.to_numpy()[owner[g >= 0]] = g[g >= 0]
+            numbers = np.full(len(ops), -1, dtype=np.int64)  # (a Series' to_numpy() is read-only in pandas 3)
+            numbers[owner[g >= 0]] = g[g >= 0]
+            group = pd.Series(numbers, index=ops.index)
             edges = pd.DataFrame({"i": owner[edges["i"].to_numpy()], "j": owner[edges["j"].to_numpy()]})
             edges = edges[edges["i"] != edges["j"]].drop_duplicates()
         else:
