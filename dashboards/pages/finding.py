@@ -64,7 +64,7 @@ def layout(server: Server, finding_id: int) -> html.Div:
                 dcc.Link("all findings", href=f"/traces/{f['trace_id']}/findings")], className="meta"),
         html.H1([severity_badge(f["severity"]), " ", f["title"]], className="finding-title"),
         _missing(f),
-        html.P(f"{f['kind']} · {where(f)} · impact {duration(f['impact_ns'])}{_share(f)} · window {duration(f['end_ns'] - f['start_ns'])} "
+        html.P(f"{f['kind']} · {where(f)} · impact {duration(f['impact_ns'])}{_share(f)}{_recoverable(f)} · window {duration(f['end_ns'] - f['start_ns'])} "
                f"({_drawn(data, f)})", className="meta"),
         dcc.Store(id=ids.FINDING_ID, data=finding_id),
         dcc.Store(id=ids.TRACE_ID, data=f["trace_id"]),
@@ -210,6 +210,13 @@ def _evidence(data: TimelineData | None, f: dict[str, Any]) -> html.Div:
         html.Details([html.Summary("as stored (the export's clock)"),
                       html.Pre(json.dumps(f["evidence"], indent=2), className="evidence")]),
     ])  # fmt: skip
+
+
+def _recoverable(f: dict[str, Any]) -> str:
+    """ " · recoverable 1.2 ms": the job's wall time fixing this would save (replayed across ranks);
+    nothing for a finding stored before recoverable time was computed."""
+    rec = f.get("recoverable_ns")
+    return "" if rec is None else f" · recoverable {duration(rec)}"
 
 
 def _share(f: dict[str, Any]) -> str:

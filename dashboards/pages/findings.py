@@ -58,7 +58,9 @@ def _column(
 
 
 # a title cell holds a markdown link: it sorts and filters by the title's text
-_TITLE: dict[str, Any] = {"cellRenderer": "markdown", "flex": 1, "filterValueGetter": {"function": "params.data.plain_title"}, "comparator": {"function": "nsysanTitleOrder"},
+# (at least 220 px: with every other column at its width the grid scrolls sideways rather than
+# squeezing the title to a letter per line)
+_TITLE: dict[str, Any] = {"cellRenderer": "markdown", "flex": 1, "minWidth": 220, "filterValueGetter": {"function": "params.data.plain_title"}, "comparator": {"function": "nsysanTitleOrder"},
                           "cellStyle": {"wordBreak": "break-word"}}  # fmt: skip
 _SEVERITY_COLOURS = {"styleConditions": [
     {"condition": f"params.value === '{s}'", "style": {"color": c, "fontWeight": "bold"}}
@@ -79,6 +81,7 @@ COLUMNS = [
     _column("device", "GPU", width=80, numeric=True),
     _column("count", "occurrences", width=110, numeric=True),
     _column("impact_ms", "total impact (ms)", width=90, numeric=True),
+    _column("recoverable_ms", "recoverable (ms)", width=100, numeric=True),
     _column("worst_ms", "worst (ms)", width=90, numeric=True),
     _column("when_ms", "when (ms)", width=90, numeric=True),
     _column("status", width=120, **_FILTERED_ABOVE),
@@ -87,6 +90,7 @@ COLUMNS = [
 ]
 OCCURRENCE_COLUMNS = [
     _column("impact_ms", "impact (ms)", width=90, numeric=True),
+    _column("recoverable_ms", "recoverable (ms)", width=100, numeric=True),
     _column("title", "finding", width=300, **_TITLE),
     _column("rank", width=75, numeric=True),
     _column("device", "GPU", width=80, numeric=True),
@@ -321,6 +325,7 @@ def _headlines(findings: list[dict[str, Any]], when: Clock | None) -> list[dict[
             "kind": g["kind"],
             "rank": _common(m["rank"] for m in members), "device": _common(m["device"] for m in members),
             "count": g["count"], "impact_ms": _ms(g["impact_ns"]), "worst_ms": _ms(worst["impact_ns"]),
+            "recoverable_ms": _recoverable_ms(members),
             "when_ms": when(worst) if when else None, "status": _statuses(members),
             "assignee": ", ".join(sorted({m["assignee"] for m in members if m["assignee"]})),
             "latest": FOUND if present(worst) else MISSING,
@@ -335,7 +340,7 @@ def occurrences(members: list[dict[str, Any]], when: Clock | None = None, triage
     shared = {k: _common(m[k] for m in members) for k in ("rank", "device", "pid")}
     place = f" on {where(shared)}" if any(v is not None for v in shared.values()) else ""
     total = sum(m["impact_ns"] for m in members)
-    rows = [{"impact_ms": _ms(m["impact_ns"]), "rank": m["rank"], "device": m["device"],
+    rows = [{"impact_ms": _ms(m["impact_ns"]), "recoverable_ms": _recoverable_ms([m]), "rank": m["rank"], "device": m["device"],
              "when_ms": when(m) if when else None, "start_ms": _ms(m["start_ns"]),
              "window_ms": _ms(m["end_ns"] - m["start_ns"]), "status": m["status"], "assignee": m["assignee"] or "",
              "latest": FOUND if present(m) else MISSING, "title": _link(m), "plain_title": m["title"], "id": m["id"]}
@@ -405,6 +410,13 @@ def _statuses(members: list[dict[str, Any]]) -> str:
 
 def _ms(ns: int) -> float:
     return round(ns / 1e6, 3)
+
+
+def _recoverable_ms(members: list[dict[str, Any]]) -> float | None:
+    """The members' summed recoverable time; None (an empty cell) when the analysis that stored
+    them predates recoverable time."""
+    known = [m["recoverable_ns"] for m in members if m.get("recoverable_ns") is not None]
+    return _ms(sum(known)) if known else None
 
 
 def _link(f: dict[str, Any]) -> str:

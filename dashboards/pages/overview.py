@@ -52,6 +52,8 @@ LOADING = "overview-loading"
 EVIDENCE_TIME = "overview-evidence-time"  # pattern-matching: {"type": EVIDENCE_TIME, "index": n}
 DEVICE_TABLE = "overview-devices"
 GROUPS_TABLE = "overview-groups"
+MORE_GROUPS, MORE_GROUPS_TABLE = "overview-more-groups", "overview-more-groups-table"
+INFO_GROUPS_SHOWN = 3  # info groups listed above the timeline; the rest fold away
 LIMITATIONS = "overview-limitations"
 LEGEND = "overview-legend"
 
@@ -615,31 +617,50 @@ def _table(table: Any) -> html.Table:
 
 
 def _groups(trace_id: int, findings: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
+    """The problems, worst first (severity, then the time their fix would recover). Warnings and
+    criticals are all listed; past the first :data:`INFO_GROUPS_SHOWN`, info groups fold into a
+    closed list below, so that the timeline stays near the top of the page with dozens of groups."""
     if not findings:
         kernels = sum(int(e.get("kernels") or 0) for e in summary.get("exports", []))
         text = "No findings." if kernels else "No findings, but see above: this capture shows no kernels to check."
         return html.P(text, className="hint")
     groups = fold_groups([{"kind": "", "impact_ns": 0} | f for f in findings])
     total = sum(g["impact_ns"] for g in groups)
-    rows = []
-    for g in groups:
-        worst = findings[g["worst"]]
-        ranks = sorted({findings[i]["rank"] for i in g["findings"] if findings[i].get("rank") is not None})
-        rows.append(html.Tr([
-            html.Td(severity_badge(g["severity"])), html.Td(g["kind"]), cell(worst["title"]),
-            html.Td(str(g["count"]), className="count"),
-            html.Td(fmt.duration(g["impact_ns"]), className="impact", **_data(value=g["impact_ns"])),
-            html.Td(fmt.ranks(ranks)),
-            html.Td([dcc.Link("show", href=f"/traces/{trace_id}?finding={worst['id']}"), " · ",
-                     dcc.Link("open", href=f"/findings/{worst['id']}")]),
-        ], **_data(group=g["group"] or f"#{worst['id']}")))  # fmt: skip
-    head = ["", "kind", "worst occurrence", "occurrences", "total impact", "ranks", ""]
-    return html.Div([
+    rows = [_group_row(trace_id, findings, g) for g in groups]
+    info = [i for i, g in enumerate(groups) if g["severity"] == "info"][INFO_GROUPS_SHOWN:]
+    folded = set(info)
+    shown = [r for i, r in enumerate(rows) if i not in folded]
+    head = html.Thead(html.Tr([html.Th(h) for h in ("", "kind", "worst occurrence", "occurrences", "total impact",
+                                                     "recoverable", "ranks", "")]))  # fmt: skip
+    parts: list[Any] = [
         html.P(f"{len(groups)} problem(s), {len(findings)} finding(s), {fmt.duration(total)} lost in all "
-               "(impacts overlap across ranks, so this total is an upper bound).", className="meta"),
-        html.Table([html.Thead(html.Tr([html.Th(h) for h in head])), html.Tbody(rows)], id=GROUPS_TABLE,
-                   className="summary"),
-    ])  # fmt: skip
+               "(impacts overlap across ranks, so this total is an upper bound). Recoverable: the job's wall time "
+               "the fix would save, replayed across ranks.", className="meta"),
+        html.Table([head, html.Tbody(shown)], id=GROUPS_TABLE, className="summary"),
+    ]  # fmt: skip
+    if info:
+        parts.append(html.Details([
+            html.Summary(f"{len(info)} more info problem(s), below the warning share of the job's time"),
+            html.Table([head, html.Tbody([rows[i] for i in info])], id=MORE_GROUPS_TABLE, className="summary"),
+        ], id=MORE_GROUPS))  # fmt: skip
+    return html.Div(parts)
+
+
+def _group_row(trace_id: int, findings: list[dict[str, Any]], g: dict[str, Any]) -> html.Tr:
+    worst = findings[g["worst"]]
+    members = [findings[i] for i in g["findings"]]
+    ranks = sorted({m["rank"] for m in members if m.get("rank") is not None})
+    # None: stored from a report before recoverable time was computed
+    recoverable = None if all(m.get("recoverable_ns") is None for m in members) else g["recoverable_ns"]
+    return html.Tr([
+        html.Td(severity_badge(g["severity"])), html.Td(g["kind"], className="kind"), cell(worst["title"]),
+        html.Td(str(g["count"]), className="count"),
+        html.Td(fmt.duration(g["impact_ns"]), className="impact", **_data(value=g["impact_ns"])),
+        html.Td(fmt.duration(recoverable), className="recoverable", **_data(value=recoverable)),
+        html.Td(fmt.ranks(ranks)),
+        html.Td([dcc.Link("show", href=f"/traces/{trace_id}?finding={worst['id']}"), " · ",
+                 dcc.Link("open", href=f"/findings/{worst['id']}")]),
+    ], **_data(group=g["group"] or f"#{worst['id']}"))  # fmt: skip
 
 
 def _notes(server: Server, trace_id: int) -> Any:
