@@ -741,7 +741,9 @@ def main() -> None:
     except typer.Abort:  # Ctrl-C at a prompt
         sys.exit(130)
     except NsysanError as exc:
-        typer.echo(f"nsysan: error: {exc}", err=True)
+        from nsysan.ingest.raw_reports import with_sources
+
+        typer.echo(f"nsysan: error: {with_sources(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except Exception as exc:
         if os.environ.get("NSYSAN_DEBUG"):

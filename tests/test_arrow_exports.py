@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute
+import pyarrow.feather as feather
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
@@ -116,6 +119,12 @@ def test_text_is_copied_byte_for_byte(tmp_path):
                    pqt / "StringIds.parquet")  # fmt: skip
     pq.write_table(pa.table({"globalTid": pa.array([2**62 + 5], pa.uint64()), "nameId": pa.array([1], pa.uint32()),
                              "on": pa.array([True])}), pqt / "ThreadNames.parquet")  # fmt: skip
+    # an NVTX payload the application chose (2**64 - 1 is -1 in nsys's SQLite), and NCCL's payload
+    # struct, which a parquetdir may carry as a string column and nsys's SQLite keeps as a blob
+    blob = bytes(range(256))[::-1]
+    as_text = pa.compute.cast(pa.array([blob], pa.binary()), pa.large_string(), safe=False)
+    pq.write_table(pa.table({"start": pa.array([1], pa.int64()), "uint64Value": pa.array([2**64 - 1], pa.uint64()),
+                             "binaryData": as_text}), pqt / "NVTX_EVENTS.parquet")  # fmt: skip
     copy = arrow_exports.sqlite_of_tables(pqt)
     con = sqlite3.connect(copy)
     con.text_factory = bytes
@@ -123,6 +132,9 @@ def test_text_is_copied_byte_for_byte(tmp_path):
         (v, b"text") for v in odd
     ]
     assert con.execute('SELECT globalTid, nameId, "on" FROM ThreadNames').fetchall() == [(2**62 + 5, 1, 1)]
+    assert con.execute("SELECT uint64Value, binaryData, typeof(binaryData) FROM NVTX_EVENTS").fetchall() == [
+        (-1, blob, b"blob")
+    ]
 
 
 def _report(*args: str) -> subprocess.CompletedProcess:
@@ -143,12 +155,58 @@ def test_unreadable_tables_are_one_line_and_exit_2(tmp_path):
     r = _report(str(garbage))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "x.arrows" in r.stderr, r.stderr
 
-    huge = tmp_path / "huge_pqtdir"
-    huge.mkdir()
-    pq.write_table(pa.table({"globalTid": pa.array([2**64 - 1], pa.uint64()), "nameId": pa.array([1], pa.uint32())}),
-                   huge / "ThreadNames.parquet")  # fmt: skip
-    r = _report(str(huge))
-    assert r.returncode == 2 and "beyond SQLite's integer range" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    twice = tmp_path / "twice_pqtdir"
+    twice.mkdir()
+    strings = pa.table({"id": pa.array([0], pa.uint32()), "value": pa.array([b"x"], pa.binary())})
+    pq.write_table(strings, twice / "StringIds.parquet")
+    feather.write_feather(strings, twice / "StringIds.arrow", compression="uncompressed")
+    r = _report(str(twice))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "table StringIds is in both StringIds.arrow and StringIds.parquet" in r.stderr
+
+
+def _streams(path: Path, tables: dict[str, pa.Table]) -> bytes:
+    """An nsys 2022.4 style .arrows: one Arrow stream per table, named in its metadata."""
+    sink = pa.BufferOutputStream()
+    for name, table in tables.items():
+        table = table.replace_schema_metadata({"table_name": name})
+        with ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+    data = sink.getvalue().to_pybytes()
+    path.write_bytes(data)
+    return data
+
+
+def test_an_arrows_file_cut_short_is_refused_and_messages_name_the_input(tmp_path):
+    """A stream without its end marker is a truncated file, not a shorter table; and an error found
+    after the copy names what the user gave, not the copy in the cache."""
+    whole = _streams(tmp_path / "whole.arrows", {
+        "StringIds": pa.table({"id": pa.array([0, 1], pa.uint32()), "value": pa.array([b"a", b"b"], pa.binary())}),
+        "ThreadNames": pa.table({"nameId": pa.array([1], pa.uint64()), "globalTid": pa.array([7], pa.uint64())}),
+    })  # fmt: skip
+    cut = tmp_path / "cut.arrows"
+    cut.write_bytes(whole[:-8])  # the last stream's end marker gone
+    r = _report(str(cut))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cut.arrows is cut short" in r.stderr, r.stderr
+    r = _report(str(tmp_path / "whole.arrows"))  # complete, but no CUDA and no NVTX: refused, naming the input
+    assert r.returncode == 2 and f"{tmp_path / 'whole.arrows'}:" in r.stderr and "exports" not in r.stderr, r.stderr
+
+
+def test_an_export_beside_its_sqlite_twin_is_read_once_and_dot_is_named_after_its_directory(realtraces, tmp_path):
+    """`nsys export --type sqlite,parquetdir` writes job.sqlite and job_pqtdir/ side by side: a
+    directory holding both is one capture (the .sqlite is read), as with job.nsys-rep."""
+    runs = tmp_path / "runs"
+    write_table_dir(realtraces[SINGLE[0]], runs / "job_pqtdir")
+    (runs / "job.sqlite").write_bytes(realtraces[SINGLE[0]].read_bytes())
+    write_table_dir(realtraces[SINGLE[1]], runs / "other_arwdir", fmt="arrow")
+    assert [p.name for p in expand_inputs([runs])] == ["job.sqlite", "other.sqlite"]
+    old = Path.cwd()
+    try:
+        os.chdir(runs / "job_pqtdir")
+        (copy,) = expand_inputs(["."])
+    finally:
+        os.chdir(old)
+    assert copy.name == "job.sqlite" and tmp_path / "exports" in copy.parents
 
 
 def test_a_directory_of_unrelated_parquet_is_not_an_export(tmp_path):

@@ -18,8 +18,9 @@ would be a second implementation of every query to keep identical; the copy cost
 the data, once per export (its key is a hash of every byte of the files, as for raw reports).
 
 Text is copied byte for byte (nsys's SQLite holds what the application wrote, not always UTF-8),
-unsigned ids become SQLite integers (refused past 2**63 - 1, which no nsys id reaches), booleans
-0 and 1, as nsys's SQLite export stores them.
+NCCL's payload structs (``NVTX_EVENTS.binaryData``) as bytes whatever type the Arrow side gives
+them, unsigned 64-bit values as the same 64 bits signed (2**64 - 1 is -1, as in nsys's SQLite),
+booleans 0 and 1, as nsys's SQLite export stores them.
 """
 
 from __future__ import annotations
@@ -35,15 +36,20 @@ from typing import Any
 
 from nsysan.errors import InputError
 from nsysan.ingest.cache_home import KEY_CHARS, hash_file
-from nsysan.ingest.raw_reports import export_directory, partial_file
+from nsysan.ingest.raw_reports import export_directory, partial_file, remember_source
 
 STREAMS_SUFFIXES = (".arrows",)  # one file, a stream per table (nsys 2022.4 --type arrow)
 TABLE_FILE_SUFFIXES = (".parquet", ".arrow", ".feather", ".arrows")  # one file per table (arrowdir, parquetdir)
-# the tables that make a directory an nsys export: one of these, by name, is in every export
+# tables nsys writes (their names make a directory an nsys export): every export has some of them
 _MARKERS = re.compile(
-    r"^(META_DATA_EXPORT|StringIds|ThreadNames|PROCESSES|NVTX_EVENTS|OSRT_API|CUPTI_ACTIVITY_KIND_\w+|TARGET_INFO_\w+|ENUM_\w+)$"
+    r"^(META_DATA_EXPORT|EXPORT_META_DATA|StringIds|ThreadNames|PROCESSES|NVTX_EVENTS|OSRT_API|CUPTI_ACTIVITY_KIND_\w+"
+    r"|TARGET_INFO_\w+|ENUM_\w+)$"
 )
-PQTDIR_SUFFIX = "_pqtdir"  # how nsys names a parquetdir export: report1_pqtdir/
+# how nsys names its directory exports (its --force-overwrite help lists them): report1_pqtdir/
+DIR_SUFFIXES = ("_pqtdir", "_arwdir")
+# columns nsys's SQLite keeps as bytes (NCCL's payload structs), whatever type the Arrow side gives
+_BLOB_COLUMNS = {("NVTX_EVENTS", "binaryData")}
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FORMAT = b"nsysan arrow export copy 1\0"  # change when the copy changes, so old copies are made again
 _BATCH_ROWS = 65_536
@@ -53,9 +59,19 @@ _ARROW_FILE_MAGIC = b"ARROW1"
 _done: dict[tuple[str, tuple[tuple[str, int, int], ...]], Path] = {}
 
 
+def export_stem(path: Path) -> str:
+    """The capture's name: ``job`` for ``job.arrows``, ``job_pqtdir`` and ``job_arwdir``."""
+    name = path.resolve().name
+    if path.suffix.lower() in STREAMS_SUFFIXES:
+        return name[: -len(path.suffix)]
+    for suffix in DIR_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return name
+
+
 def is_arrow_export(path: Path) -> bool:
     """Whether ``path`` is an nsys export in Arrow or Parquet: a ``.arrows`` file, or a directory
-    of table files one of which is named after a table every nsys export has."""
+    of table files one of which is named after a table nsys writes."""
     if path.suffix.lower() in STREAMS_SUFFIXES:
         return path.is_file()
     return path.is_dir() and any(_MARKERS.match(f.stem) for f in _table_files(path))
@@ -83,18 +99,18 @@ def sqlite_of_tables(path: Path) -> Path:
     if identity in _done and _done[identity].is_file():
         return _done[identity]
     digest = hashlib.sha256(_FORMAT)
-    try:
-        for f in files:
-            digest.update(f.name.encode() + b"\0")
+    for f in files:
+        digest.update(f.name.encode() + b"\0")
+        try:
             hash_file(digest, f)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read {f.name} ({exc.strerror})") from None
     folder = export_directory() / digest.hexdigest()[:KEY_CHARS]
-    stem = path.name[: -len(path.suffix)] if path.is_file() and path.suffix else path.name.removesuffix(PQTDIR_SUFFIX)
-    target = folder / f"{stem}.sqlite"
+    target = folder / f"{export_stem(path) or 'export'}.sqlite"
     if not target.is_file():
         _copy(path, files, folder, target)
     _done[identity] = target
+    remember_source(target, path)
     return target
 
 
@@ -124,17 +140,19 @@ def _write(path: Path, files: list[Path], out: Path) -> int:
     import adbc_driver_sqlite.dbapi as adbc
 
     written = 0
-    seen: set[str] = set()
+    source: dict[str, Path] = {}  # table -> the file it came from
     con = adbc.connect(str(out))
     try:
-        for name, reader in _tables(path, files):
+        for name, reader, f in _tables(path, files):
             if not _NAME.match(name):
                 for _ in reader:  # read past it: the next stream of a .arrows file follows
                     pass
                 continue
-            fresh = name not in seen
+            fresh = name.casefold() not in source
             if fresh:
-                seen.add(name)
+                source[name.casefold()] = f
+            elif source[name.casefold()] != f:  # a table given twice would be read twice
+                raise InputError(f"{path}: table {name} is in both {source[name.casefold()].name} and {f.name}")
             failed: list[BaseException] = []  # raised while ADBC pulled batches: ADBC wraps it
             try:
                 with con.cursor() as cur:
@@ -156,8 +174,10 @@ def _write(path: Path, files: list[Path], out: Path) -> int:
     return written
 
 
-def _tables(path: Path, files: list[Path]) -> Iterator[tuple[str, Any]]:
-    """(table name, a RecordBatchReader) for every table of the export, in file order."""
+def _tables(path: Path, files: list[Path]) -> Iterator[tuple[str, Any, Path]]:
+    """(table name, a RecordBatchReader, its file) for every table of the export, in file order.
+    A stream of a ``.arrows`` file must end with Arrow's end-of-stream marker: a file cut at a
+    message boundary reads as a shorter table otherwise."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
     import pyarrow.parquet as pq
@@ -167,14 +187,14 @@ def _tables(path: Path, files: list[Path]) -> Iterator[tuple[str, Any]]:
         try:
             if suffix == ".parquet":
                 pf = pq.ParquetFile(f)
-                yield f.stem, pa.RecordBatchReader.from_batches(pf.schema_arrow, pf.iter_batches(_BATCH_ROWS))
+                yield f.stem, pa.RecordBatchReader.from_batches(pf.schema_arrow, pf.iter_batches(_BATCH_ROWS)), f
                 continue
             with f.open("rb") as fh:
                 magic = fh.read(len(_ARROW_FILE_MAGIC))
             if magic == _ARROW_FILE_MAGIC:  # the IPC file format (arrowdir may write either)
                 reader = ipc.open_file(f)
                 batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-                yield f.stem, pa.RecordBatchReader.from_batches(reader.schema, batches)
+                yield f.stem, pa.RecordBatchReader.from_batches(reader.schema, batches), f
                 continue
             source = pa.OSFile(str(f), "rb")
             size = f.stat().st_size
@@ -185,8 +205,12 @@ def _tables(path: Path, files: list[Path]) -> Iterator[tuple[str, Any]]:
                 named = meta.get(b"table_name")
                 if named is None and not (first and suffix != ".arrows"):
                     raise InputError(f"{path}: {f.name} holds an Arrow stream without a table_name")
-                yield (named.decode("utf-8", "replace") if named else f.stem), stream
+                yield (named.decode("utf-8", "replace") if named else f.stem), stream, f
                 first = False
+                end = source.tell()  # the stream was read to its end by now
+                source.seek(max(end - len(_END_OF_STREAM), 0))
+                if source.read(len(_END_OF_STREAM)) != _END_OF_STREAM:
+                    raise InputError(f"{path}: {f.name} is cut short (a stream without its end marker)")
         except InputError:
             raise
         except (OSError, pa.ArrowException) as exc:
@@ -228,7 +252,8 @@ def _converted(reader: Any, name: str, path: Path, failed: list[BaseException]) 
     while reading them is kept in ``failed``."""
     import pyarrow as pa
 
-    target = pa.schema([pa.field(f.name, _target_type(f.type)) for f in reader.schema])
+    target = pa.schema([pa.field(f.name, pa.binary() if (name, f.name) in _BLOB_COLUMNS else _target_type(f.type))
+                        for f in reader.schema])  # fmt: skip
 
     def batches() -> Iterator[Any]:
         try:
@@ -266,12 +291,14 @@ def _column(col: Any, target: Any, table: str, column: str, path: Path) -> Any:
         col = col.dictionary_decode()
     if col.type == target:
         return col
-    if pa.types.is_string(target):
-        # binary text as it was written, valid UTF-8 or not (nsys's SQLite stores the bytes)
+    if pa.types.is_string(target) or pa.types.is_binary(target):
+        # text as it was written, valid UTF-8 or not (nsys's SQLite stores the bytes); blobs as bytes
         return pc.cast(col, target, safe=False)
-    if pa.types.is_boolean(col.type) or pa.types.is_null(col.type):
-        return pc.cast(col, target)
+    if pa.types.is_unsigned_integer(col.type) and col.type.bit_width == 64:
+        # as nsys's SQLite stores a uint64 (an NVTX payload the application chose, an address):
+        # the same 64 bits as a signed integer, 2**64 - 1 as -1
+        return pc.cast(col, target, safe=False)
     try:
         return pc.cast(col, target)
     except pa.ArrowInvalid:
-        raise InputError(f"{path}: table {table} column {column} holds a value beyond SQLite's integer range") from None
+        raise InputError(f"{path}: table {table} column {column} holds a value SQLite cannot store") from None

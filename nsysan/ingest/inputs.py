@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from nsysan.errors import InputError
-from nsysan.ingest.arrow_exports import STREAMS_SUFFIXES, is_arrow_export, sqlite_of_tables
+from nsysan.ingest.arrow_exports import STREAMS_SUFFIXES, export_stem, is_arrow_export, sqlite_of_tables
 from nsysan.ingest.raw_reports import RAW_SUFFIXES, is_raw, sqlite_of
 
 EXPORT_SUFFIXES = (".sqlite", ".db", ".sqlite3")
@@ -45,7 +45,13 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
             found = [p for p in named if p.is_file()]
             if skipped is not None:
                 skipped.extend(f"{p}: skipped, not a regular file" for p in named if not p.is_file())
-            found += sorted(p for p in path.iterdir() if p.is_dir() and is_arrow_export(p))
+            for sub in (p for p in path.iterdir() if p.is_dir()):
+                if not os.access(sub, os.R_OK | os.X_OK):
+                    if skipped is not None:
+                        skipped.append(f"{sub}: skipped, cannot read this directory")
+                elif is_arrow_export(sub):
+                    found.append(sub)
+            found.sort(key=lambda p: p.name)
             if not found:
                 raise InputError(
                     f"{path}: directory holds no .sqlite exports, .nsys-rep reports or Arrow/Parquet exports"
@@ -60,11 +66,12 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
             paths.append(path)
     # a capture's report beside its own export, both named (a glob over run directories): the
     # export is read, the report not exported again as a second copy of the same ranks
-    # (and an Arrow stream export beside the SQLite one: the SQLite one is read)
-    exported = {(p.parent.resolve(), p.stem) for p in paths if not is_raw(p)}
-    paths = [p for p in paths if not (is_raw(p) and (p.parent.resolve(), p.stem) in exported)]
-    sqlite = {(p.parent.resolve(), p.stem) for p in paths if not is_raw(p) and p.suffix.lower() not in STREAMS_SUFFIXES}
-    paths = [p for p in paths if not (p.suffix.lower() in STREAMS_SUFFIXES and (p.parent.resolve(), p.stem) in sqlite)]
+    # (and an Arrow/Parquet export beside the SQLite one, as `nsys export --type sqlite,parquetdir`
+    # writes them: the SQLite one is read)
+    exported = {_capture(p) for p in paths if not is_raw(p)}
+    paths = [p for p in paths if not (is_raw(p) and _capture(p) in exported)]
+    sqlite = {_capture(p) for p in paths if not is_raw(p) and not is_arrow_export(p)}
+    paths = [p for p in paths if not (is_arrow_export(p) and _capture(p) in sqlite)]
     paths = [_readable(p) for p in paths]
     seen: set[Path] = set()
     unique = []
@@ -76,6 +83,13 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
     if not unique:
         raise InputError("no trace given")
     return unique
+
+
+def _capture(path: Path) -> tuple[Path, str]:
+    """Which capture a file or export directory holds, by its place and name: ``job.sqlite``,
+    ``job.nsys-rep``, ``job.arrows`` and ``job_pqtdir/`` beside each other are one capture."""
+    where = (path.resolve() if path.is_dir() else path).parent.resolve()  # "." is in its parent
+    return where, export_stem(path) if is_arrow_export(path) else path.stem
 
 
 def _readable(path: Path) -> Path:

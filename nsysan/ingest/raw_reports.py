@@ -35,6 +35,21 @@ _where: Path | bool = False
 _temporary: Path | None = None
 # this process's exports: {(resolved report, its stat identity): the .sqlite}
 _done: dict[tuple[str, tuple[int, ...]], Path] = {}
+# what each SQLite made in the exports cache was made from: {its path: the path the user gave}
+_sources: dict[str, str] = {}
+
+
+def remember_source(made: Path, source: Path) -> None:
+    """Note that ``made`` (an export or copy in the cache) stands for the user's ``source``."""
+    _sources[str(made)] = str(source)
+
+
+def with_sources(text: str) -> str:
+    """``text`` (an error message) with each cached export's path replaced by what the user gave:
+    a message about a report or a Parquet export names that, not a file in the cache."""
+    for made, source in _sources.items():
+        text = text.replace(made, source)
+    return text
 
 
 def configure(directory: Path | None, *, cached: bool = True) -> None:
@@ -82,6 +97,7 @@ def sqlite_of(path: Path) -> Path:
     if not target.is_file():
         _export(nsys, path, folder, target)
     _done[identity] = target
+    remember_source(target, path)
     return target
 
 
