@@ -44,6 +44,7 @@ SEVERITY = ("tests/test_detector_scenarios.py", "-k", "appear_in_every_format")
 # the real export's test needs ../shared, which the mutant's copy of the repository lacks
 SLICES = ("tests/test_slices.py", "-k", "not real_two_gpu")
 WAKEUPS = ("tests/test_transport_wakeups.py",)
+SHARED_STREAM = ("tests/test_shared_nccl_stream.py",)
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("ordering: B's own peers never checked", "nsysan/detect/nccl_ordering_stall.py",
@@ -108,6 +109,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "dbapi.set_progress_handler(lambda: time.monotonic() > self._deadline, _PROGRESS_STEPS)",
            "dbapi.set_progress_handler(None, _PROGRESS_STEPS)",
            ("tests/test_hostile.py", "-k", "ctrl_c or time_limit")),
+    Mutant("shared stream: ops of one communicator reported", "nsysan/detect/shared_nccl_stream.py",
+           "ok = (signature[b] != signature[ab]) & known_a", "ok = known_a", SHARED_STREAM),
+    Mutant("shared stream: B's participants' readiness ignored", "nsysan/detect/shared_nccl_stream.py",
+           "free_at = np.fmax(ready[b], peers_ready)", "free_at = ready[b] + 0 * peers_ready", SHARED_STREAM),
+    Mutant("shared stream: stalls behind a late rank reported twice", "nsysan/detect/shared_nccl_stream.py",
+           "ok &= ~np.isin(b, late)", "ok &= np.isin(b, b)", SHARED_STREAM),
     Mutant("transport: a SIGTERMed rank leaves its segments", "nsysan/transport/p2p.py",
            'own(f"{self._files}{rank}-")', 'str(f"{self._files}{rank}-")',
            ("tests/test_transport.py", "-k", "teardown")),

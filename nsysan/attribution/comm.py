@@ -320,10 +320,11 @@ def participants(ops: pd.DataFrame, m: Matching, notes: list[str], legs: pd.Data
     return Participants(group, pd.concat(parts, ignore_index=True).astype("int64"), " and ".join(methods))
 
 
-def latest_peer(ops: pd.DataFrame, parts: Participants) -> np.ndarray:
+def latest_peer(ops: pd.DataFrame, parts: Participants, key: str = "a_start") -> np.ndarray:
     """Per op: the position of its participant that started last (-1: none known); among equal
-    starts, the one of the highest op index. Sorts plain arrays (10M ops at 1,024 ranks)."""
-    start = ops["a_start"].to_numpy()
+    starts, the one of the highest op index. ``key``: another time to rank them by (``ready``: the
+    participant that was ready last). Sorts plain arrays (10M ops at 1,024 ranks)."""
+    start = ops[key].to_numpy()
     late = np.full(len(ops), -1, dtype="int64")
     i, j = parts.edges["i"].to_numpy(dtype="int64"), parts.edges["j"].to_numpy(dtype="int64")
     if len(i):
@@ -350,3 +351,33 @@ def latest_peer(ops: pd.DataFrame, parts: Participants) -> np.ndarray:
         del top_at
         late[op] = np.where(top == op, np.where(has_runner_up, op[runner_up_at], -1), top)
     return late
+
+
+def communicator_signature(ops: pd.DataFrame, parts: Participants) -> np.ndarray:
+    """Per op, a number equal for two ops of one communicator (point-to-point: of one pair of
+    peers) and, with high probability, different otherwise: NCCL's communicator where payloads name
+    it, else the set of ranks taking part (a collective's members; a send or receive's own rank and
+    its partners'). Two communicators over the same ranks look like one: an op queued behind
+    another of the same ranks is then taken as ordered by NCCL anyway. An op whose participants are
+    unknown gets a number of its own."""
+    n = len(ops)
+    rank = ops["rank"].to_numpy(dtype=np.int64)
+    code = np.random.default_rng(20261128).integers(1, 2**62, size=int(rank.max(initial=0)) + 1, dtype=np.int64)
+    sig = -np.arange(1, n + 1, dtype=np.int64)  # unknown: its own
+    group = parts.group.to_numpy()
+    members = np.flatnonzero(group >= 0)
+    if len(members):
+        pairs = pd.DataFrame({"g": group[members], "r": rank[members]}).drop_duplicates()
+        per_group = pd.Series(code[pairs["r"].to_numpy()]).groupby(pairs["g"].to_numpy()).sum()
+        sig[members] = per_group.reindex(group[members]).to_numpy()
+    e = parts.partners()
+    if len(e):
+        pairs = pd.DataFrame({"i": e["i"].to_numpy(), "r": rank[e["j"].to_numpy()]}).drop_duplicates()
+        per_op = pd.Series(code[pairs["r"].to_numpy()]).groupby(pairs["i"].to_numpy()).sum()
+        at = per_op.index.to_numpy()
+        sig[at] = per_op.to_numpy() + code[rank[at]]
+    if "comm_id" in ops:
+        comm = ops["comm_id"].to_numpy(dtype=np.int64, na_value=-1)
+        named = comm >= 0
+        sig[named] = sig[named] * 1_000_003 + comm[named]  # wraps: a hash, not a count
+    return sig

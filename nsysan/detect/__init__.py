@@ -8,6 +8,7 @@ from nsysan.detect.registry import DetectorSpec, parse_settings, register, regis
 
 BUILTIN = (
     "nccl_ordering_stall",
+    "shared_nccl_stream",
     "graph_allreduce_gap",
     "comm_compute_slowdown",
     "command_buffer_full",

@@ -71,7 +71,7 @@ class Params(SeverityParams):
     )
 
 
-def _predecessor(ops: pd.DataFrame) -> np.ndarray:
+def predecessor(ops: pd.DataFrame) -> np.ndarray:
     """Per op, the position of the op it was queued behind: the previous op of its stream, or of its
     communicator when that ended later (-1: none). Sorts plain arrays (10M ops at 1,024 ranks)."""
     prev = np.full(len(ops), -1, dtype="int64")
@@ -124,7 +124,7 @@ def stalls(
     that could have stalled but whose participants are unknown, and the time each could have lost."""
     late = comm_table.latest_peer(ops, parts)
     release_freed_memory()
-    a = _predecessor(ops)
+    a = predecessor(ops)
     release_freed_memory()
     queued = ops["end_ns"].to_numpy()[np.maximum(a, 0)]  # A's end, on B's clock
     np.subtract(ops["start_ns"].to_numpy(), queued, out=queued)
@@ -179,15 +179,22 @@ def matching(settings: dict[str, dict[str, float]] | None) -> comm_table.Matchin
                                max_candidates=int(p.max_candidates), max_position_pairs=int(p.max_position_pairs))  # fmt: skip
 
 
+def job_operations(job: JobFacts) -> tuple[pd.DataFrame, comm_table.Participants] | None:
+    """The attribution's NCCL operations of the job and their participants; None when there is no
+    attribution, no operation or a single rank (nothing to wait for)."""
+    att = job.attribution
+    if att is None or att.participants is None or not len(att.comm) or att.comm["rank"].nunique() < 2:
+        return None
+    return att.comm, att.participants
+
+
 def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tuple[Finding, int]]:
     """The stalls of the whole job, from the attribution's NCCL operations and their participants."""
+    found = job_operations(job)
+    if found is None:
+        return []
+    ops, parts = found
     att = job.attribution
-    if att is None or att.participants is None or not len(att.comm):
-        return []
-    ops = att.comm
-    if ops["rank"].nunique() < 2:
-        return []
-    parts = att.participants
     method = parts.method
     blind: list[np.ndarray] = []
     st = stalls(ops, parts, p, blind)

@@ -1,0 +1,156 @@
+"""shared_nccl_stream: an NCCL operation that was ready, with ready participants, but waited in its
+stream's queue behind a running operation of another communicator (or, point-to-point, another
+peer): head-of-line blocking that one stream per communicator would remove.
+
+NCCL runs a stream's operations in order. When operations of different communicators share a
+stream (tensor- and data-parallel all-reduces on one stream; a pipeline stage's sends to the next
+stage and receives from the previous one), an operation B whose input and participants are ready
+waits until the operation A ahead of it finishes its transfer, although nothing orders B after A but
+the stream. :mod:`nsysan.detect.nccl_ordering_stall` reports the case where A was waiting for a late
+rank; this reports the rest: A was running (or waiting for peers that were themselves queued).
+
+Definition, on the job clock, with the attribution's NCCL operations and participants:
+
+1. **B queued behind A**: A is the op before B on B's stream (or B's communicator); B started within
+   ``queue_tolerance_ns`` of A's end.
+2. **Different communicators**: A and B belong to different communicators (NCCL's payloads where
+   the export has them; otherwise the set of ranks taking part, so two communicators over the same
+   ranks count as one and are never reported: NCCL orders a communicator's operations anyway).
+3. **Held**: B, and every participant of B, was ready (the event its stream waited on, else its
+   launch's return) at least ``min_stall_ns`` before B started, and B was ready that long before A
+   ended.
+4. **Lost** = B.start - max(B ready, its participants' latest readiness) >= ``min_stall_ns``. Not
+   reported where :mod:`~nsysan.detect.nccl_ordering_stall` reports B (behind an op waiting for a
+   late rank), with that detector's default thresholds.
+
+One finding per B; the group is (rank, stream), so a pipeline stage's stream is one headline.
+Recoverable time is the what-if replay with B no longer ordered behind A on its stream
+(``no_stream_order``), the job's other constraints kept.
+
+Blind spots: without payloads, participants come from program position and an op whose
+participants are unknown is not judged; communicators over the same ranks look alike; readiness
+cannot see host-side dependencies that are not CUDA events; a copy engine or SM contention that
+separate streams would bring is not modelled (the replay assumes both transfers proceed at their
+measured speed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from nsysan.attribution import comm as comm_table
+from nsysan.detect import nccl_ordering_stall as ordering
+from nsysan.detect.common import SeverityParams, as_int, as_optional_int, share_text
+from nsysan.detect.registry import JobFacts, param, register
+from nsysan.findings import Cause, Edit, Finding, Severity
+from nsysan.ingest.trace import Trace
+
+KIND = "shared_nccl_stream"
+
+
+@dataclass(frozen=True)
+class Params(SeverityParams):
+    min_stall_ns: int = param(50_000, "B must lose at least this much, and be ready this long before A ended")
+    queue_tolerance_ns: int = param(20_000, "B counts as queued behind A if it started within this after A ended")
+
+
+def blocked(ops: pd.DataFrame, parts: comm_table.Participants, p: Params) -> pd.DataFrame:
+    """The ops held behind an op of another communicator, indexed by op position (as B): A, when B
+    and its participants were all ready (``free_at``) and the time lost (``lost``)."""
+    a = ordering.predecessor(ops)
+    a_end = ops["a_end"].to_numpy()
+    queued = np.abs(ops["start_ns"].to_numpy() - ops["end_ns"].to_numpy()[np.maximum(a, 0)])
+    b = np.flatnonzero((queued <= p.queue_tolerance_ns) & (a >= 0))
+    if not len(b):
+        return pd.DataFrame(columns=["a", "free_at", "lost"])
+    ab = a[b]
+    ready = ops["ready"].to_numpy()
+    last = comm_table.latest_peer(ops, parts, key="ready")[b]
+    peers_ready = np.where(last >= 0, ready[np.maximum(last, 0)], np.nan)  # NaN: participants unknown
+    free_at = np.fmax(ready[b], peers_ready)
+    lost = ops["a_start"].to_numpy()[b] - free_at
+    signature = comm_table.communicator_signature(ops, parts)
+    known_a = comm_table.latest_peer(ops, parts)[ab] >= 0  # A's participants known, so its communicator
+    ok = (signature[b] != signature[ab]) & known_a & ~np.isnan(peers_ready) & (lost >= p.min_stall_ns)
+    ok &= a_end[ab] - ready[b] >= p.min_stall_ns
+    late = ordering.stalls(ops, parts, ordering.Params()).index.to_numpy()
+    ok &= ~np.isin(b, late)
+    return pd.DataFrame({"a": ab[ok], "free_at": free_at[ok], "lost": lost[ok]}, index=b[ok])
+
+
+def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tuple[Finding, int]]:
+    """Every B of the job held behind another communicator's op on its stream."""
+    found = ordering.job_operations(job)
+    if found is None:
+        return []
+    ops, parts = found
+    att = job.attribution
+    held = blocked(ops, parts, p)
+    if held.empty:
+        return []
+    rows = held.index.to_numpy()
+    arrivals = att.comm_nodes(ops["op"].to_numpy()[rows], "arrival")
+    participants_of = parts.ranks_of(ops, rows)
+    blocking_of = parts.ranks_of(ops, held["a"].to_numpy(dtype=np.int64))
+    graded = []
+    for i, arrival in zip(rows.tolist(), arrivals.tolist(), strict=True):  # one per reported op
+        row = held.loc[i]
+        b, prev = ops.iloc[i], ops.iloc[int(row["a"])]
+        lost = int(row["lost"])
+        off = int(comm_table.offsets(job.clock, np.array([as_int(b["export"])]))[0])
+        run = int(job.runs[as_int(b["export"])])
+        rank, stream = int(b["rank"]), int(b["stream"])
+        finding = Finding(
+            kind=KIND,
+            severity=Severity.INFO,
+            title=(
+                f"{b['short_name']} on rank {rank} waited {lost / 1e3:.0f} us behind {prev['short_name']} of another "
+                f"communicator on NCCL stream {stream}, though it and its peers were ready"
+            ),
+            advice=(
+                "NCCL runs a stream's operations in order, so an operation of one communicator waits for the transfer "
+                "of another's ahead of it. Give each communicator (for point-to-point, each peer pair) its own stream: "
+                "separate process groups (torch.distributed.new_group) get separate NCCL streams in PyTorch; group a "
+                "pipeline stage's sends and receives (batch_isend_irecv) or issue the one whose peer is ready first; "
+                "or use a transport without a total order for point-to-point (nsysan's P2P transport)."
+            ),
+            start_ns=int(row["free_at"]) - off,
+            end_ns=int(b["start_ns"]),
+            impact_ns=lost,
+            rank=rank,
+            device=int(b["device"]),
+            pid=int(b["pid"]),
+            group=f"{KIND}|rank {rank}|stream {stream}",
+            cause=Cause(KIND, (Edit("no_stream_order", nodes=(int(arrival),)),)) if arrival > 0 else None,
+            evidence={
+                "stream": stream,
+                "blocked_op": {
+                    "kernel": str(b["short_name"]),
+                    "correlation_id": as_optional_int(b["correlation_id"]),
+                    "ready_ns": int(b["ready"]) - off,
+                    "start_ns": int(b["start_ns"]),
+                    "participants": participants_of[i],
+                    "participants_ready_ns": int(row["free_at"]) - off,
+                },
+                "blocking_op": {
+                    "kernel": str(prev["short_name"]),
+                    "correlation_id": as_optional_int(prev["correlation_id"]),
+                    "start_ns": int(prev["start_ns"]),
+                    "end_ns": int(prev["end_ns"]),
+                    "participants": blocking_of[int(row["a"])],
+                },
+                "participants_from": parts.method,
+                "share_of_run": share_text(lost, run),
+            },
+        )
+        graded.append((finding, run))
+    return graded
+
+
+@register(KIND, Params, reduce=reduce)
+def detect(trace: Trace, p: Params) -> dict[str, pd.DataFrame]:
+    """NCCL ops held in their stream's queue behind another communicator's running op."""
+    return {}  # the NCCL operations come from the attribution's map (nsysan.attribution.comm)

@@ -1,0 +1,93 @@
+"""shared_nccl_stream on hand-made operation tables: exact lost time, and each condition that must
+hold (different communicators, B and its participants ready, A's participants known, not already an
+ordering stall behind a late rank). Scenario truth (one NCCL stream per peer, simulated) is in
+tests/test_attribution_truth.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from nsysan.attribution.comm import Participants
+from nsysan.detect.shared_nccl_stream import Params, blocked
+
+US = 1_000
+
+
+def _ops(rows: list[dict]) -> pd.DataFrame:
+    """Ops on one job clock (a_* = the times themselves), one export per rank, NCCL stream 13."""
+    df = pd.DataFrame(rows)
+    df["export"] = df["rank"]
+    df["pid"] = 100 + df["rank"]
+    df["device"] = df["rank"]
+    df["stream"] = 13
+    df["comm_id"] = pd.array([pd.NA] * len(df), dtype="Int64")
+    df["a_start"], df["a_end"] = df["start_ns"], df["end_ns"]
+    df["ready"] = df["ready"].astype("float64")
+    return df
+
+
+def _pipeline(b_partner_ready: int, b_partner: int = 0) -> tuple[pd.DataFrame, Participants]:
+    """Rank 1's stream: A (a send to rank 2, 400 us of transfer) then B (a receive from
+    ``b_partner``), B queued right behind A. Rank 2's receive is A's partner (ready, no wait); B's
+    partner is ready at ``b_partner_ready``."""
+    rows = [
+        {"rank": 1, "start_ns": 1_000 * US, "end_ns": 1_400 * US, "ready": 1_000 * US},  # 0: A
+        {"rank": 1, "start_ns": 1_400 * US, "end_ns": 1_450 * US, "ready": 1_050 * US},  # 1: B, ready at 1,050
+        {"rank": 2, "start_ns": 1_000 * US, "end_ns": 1_400 * US, "ready": 1_000 * US},  # 2: A's partner
+        {"rank": b_partner, "start_ns": 1_400 * US, "end_ns": 1_450 * US, "ready": b_partner_ready},  # 3: B's
+    ]
+    edges = pd.DataFrame({"i": [0, 2, 1, 3], "j": [2, 0, 3, 1]})
+    return _ops(rows), Participants(group=pd.Series(-1, index=range(4), dtype="int64"), edges=edges, method="test")
+
+
+def test_a_receive_held_behind_a_send_to_another_peer_loses_until_it_could_have_started():
+    ops, parts = _pipeline(b_partner_ready=1_100 * US)
+    held = blocked(ops, parts, Params())
+    assert held.index.tolist() == [1]
+    assert held.loc[1, "a"] == 0
+    assert held.loc[1, "free_at"] == 1_100 * US  # B ready at 1,050, its partner at 1,100
+    assert held.loc[1, "lost"] == 300 * US  # started at 1,400
+
+
+def test_not_when_the_ops_share_a_communicator_or_b_s_partner_was_not_ready():
+    ops, parts = _pipeline(b_partner_ready=1_100 * US, b_partner=2)  # B with rank 2 too: NCCL orders them anyway
+    assert blocked(ops, parts, Params()).empty
+    ops, parts = _pipeline(b_partner_ready=1_380 * US)  # its partner ready 20 us before B: below 50 us
+    assert blocked(ops, parts, Params()).empty
+    ops, parts = _pipeline(b_partner_ready=1_340 * US)  # 60 us: reported, that much lost
+    assert blocked(ops, parts, Params())["lost"].tolist() == [60 * US]
+
+
+def test_not_when_a_s_participants_are_unknown_or_b_s_are():
+    ops, parts = _pipeline(b_partner_ready=1_100 * US)
+    no_a = Participants(group=parts.group, edges=parts.edges[parts.edges["i"].isin([1, 3])], method="test")
+    assert blocked(ops, no_a, Params()).empty  # is A of another communicator? unknown
+    no_b = Participants(group=parts.group, edges=parts.edges[parts.edges["i"].isin([0, 2])], method="test")
+    assert blocked(ops, no_b, Params()).empty
+
+
+def test_collectives_of_different_members_and_not_behind_a_late_rank():
+    """Rank 0: a data-parallel all-reduce with rank 2 (A), then a tensor-parallel one with rank 1
+    (B). B and rank 1's B were ready long before A ended: lost. When A itself waited for a late
+    rank 2 and B's partner started early, it is nccl_ordering_stall's, not reported here."""
+
+    def job(a_partner_start: int) -> tuple[pd.DataFrame, Participants]:
+        rows = [
+            {"rank": 0, "start_ns": 1_000 * US, "end_ns": 2_000 * US, "ready": 900 * US},  # 0: A (DP)
+            {"rank": 2, "start_ns": a_partner_start, "end_ns": 2_000 * US, "ready": a_partner_start},  # 1: A's
+            {"rank": 0, "start_ns": 2_000 * US, "end_ns": 2_050 * US, "ready": 1_200 * US},  # 2: B (TP)
+            {"rank": 1, "start_ns": 1_300 * US, "end_ns": 2_050 * US, "ready": 1_300 * US},  # 3: B's, started early
+        ]
+        group = pd.Series([0, 0, 1, 1], dtype="int64")
+        return _ops(rows), Participants(group=group, edges=pd.DataFrame({"i": [], "j": []}, dtype="int64"), method="t")
+
+    held = blocked(*job(a_partner_start=1_000 * US), Params())
+    assert held.index.tolist() == [2] and held.loc[2, "lost"] == 700 * US  # free at 1,300 (rank 1's readiness)
+    assert blocked(*job(a_partner_start=1_900 * US), Params()).empty  # A waited 900 us for rank 2: the ordering stall's
+
+
+def test_thresholds_are_parameters():
+    ops, parts = _pipeline(b_partner_ready=1_340 * US)
+    assert blocked(ops, parts, Params(min_stall_ns=70 * US)).empty
+    assert np.isclose(blocked(ops, parts, Params(min_stall_ns=10 * US))["lost"].iloc[0], 60 * US)
