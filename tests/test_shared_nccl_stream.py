@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from nsysan.attribution.comm import Participants
+from nsysan.detect import nccl_ordering_stall
 from nsysan.detect.shared_nccl_stream import Params, blocked
 
 US = 1_000
@@ -91,3 +92,48 @@ def test_thresholds_are_parameters():
     ops, parts = _pipeline(b_partner_ready=1_340 * US)
     assert blocked(ops, parts, Params(min_stall_ns=70 * US)).empty
     assert np.isclose(blocked(ops, parts, Params(min_stall_ns=10 * US))["lost"].iloc[0], 60 * US)
+
+
+def test_one_communicator_named_by_payloads_is_never_reported():
+    """A send and a receive to different peers on ONE communicator (payloads name it): NCCL orders
+    a communicator's operations whatever the streams, so separate streams would not help."""
+    ops, parts = _pipeline(b_partner_ready=1_100 * US)
+    ops["comm_id"] = pd.array([0, 0, 0, 0], dtype="Int64")
+    assert blocked(ops, parts, Params()).empty
+    ops["comm_id"] = pd.array([0, 1, 0, 1], dtype="Int64")  # a communicator per pair, as PyTorch's
+    assert blocked(ops, parts, Params()).index.tolist() == [1]
+
+
+def test_only_behind_the_op_before_it_on_its_own_stream():
+    ops, parts = _pipeline(b_partner_ready=1_100 * US)
+    ops.loc[1, "stream"] = 14  # B on another stream: nothing of its own stream ahead of it
+    assert blocked(ops, parts, Params()).empty
+
+
+def test_the_wait_before_a_started_is_not_a_s():
+    """Rank 1's stream: X (with rank 0, 1,000-1,400 us), A (with rank 2, 1,400-1,500), B (with rank
+    0 again, queued behind A). B was ready at 1,050, but until 1,400 it waited for X, an op of its
+    own communicator, which NCCL orders before it anyway: only A's 100 us are the shared stream's."""
+    rows = [
+        {"rank": 1, "start_ns": 1_000 * US, "end_ns": 1_400 * US, "ready": 1_000 * US},  # 0: X
+        {"rank": 1, "start_ns": 1_400 * US, "end_ns": 1_500 * US, "ready": 1_390 * US},  # 1: A, ready late
+        {"rank": 1, "start_ns": 1_500 * US, "end_ns": 1_550 * US, "ready": 1_050 * US},  # 2: B
+        {"rank": 0, "start_ns": 1_000 * US, "end_ns": 1_400 * US, "ready": 1_000 * US},  # 3: X's
+        {"rank": 2, "start_ns": 1_400 * US, "end_ns": 1_500 * US, "ready": 1_000 * US},  # 4: A's
+        {"rank": 0, "start_ns": 1_500 * US, "end_ns": 1_550 * US, "ready": 1_060 * US},  # 5: B's
+    ]
+    edges = pd.DataFrame({"i": [0, 3, 1, 4, 2, 5], "j": [3, 0, 4, 1, 5, 2]})
+    parts = Participants(group=pd.Series(-1, index=range(6), dtype="int64"), edges=edges, method="test")
+    held = blocked(_ops(rows), parts, Params())
+    assert held.index.tolist() == [2] and held.loc[2, "lost"] == 100 * US
+
+
+def test_stalls_behind_a_late_rank_are_left_to_the_ordering_detector_as_it_is_set():
+    """With nccl_ordering_stall's min_wait_ns raised past A's wait, B is no ordering stall, so it is
+    this detector's; with it lowered below, the ordering detector's, not reported twice."""
+    ops, parts = _pipeline(b_partner_ready=1_100 * US)
+    ops.loc[2, ["start_ns", "a_start", "ready"]] = [1_040 * US, 1_040 * US, 1_040 * US]  # A waited 40 us for rank 2
+    ops.loc[3, ["start_ns", "a_start"]] = [1_100 * US, 1_100 * US]  # B's partner started early
+    ordering = nccl_ordering_stall.Params
+    assert blocked(ops, parts, Params(), ordering(min_wait_ns=30 * US)).empty
+    assert blocked(ops, parts, Params(), ordering(min_wait_ns=50 * US)).index.tolist() == [1]

@@ -354,12 +354,13 @@ def latest_peer(ops: pd.DataFrame, parts: Participants, key: str = "a_start") ->
 
 
 def communicator_signature(ops: pd.DataFrame, parts: Participants) -> np.ndarray:
-    """Per op, a number equal for two ops of one communicator (point-to-point: of one pair of
-    peers) and, with high probability, different otherwise: NCCL's communicator where payloads name
-    it, else the set of ranks taking part (a collective's members; a send or receive's own rank and
-    its partners'). Two communicators over the same ranks look like one: an op queued behind
-    another of the same ranks is then taken as ordered by NCCL anyway. An op whose participants are
-    unknown gets a number of its own."""
+    """Per op, a number equal for two ops of one communicator and, with high probability, different
+    otherwise: NCCL's communicator where payloads name it (point-to-point to different peers on one
+    communicator is one communicator: NCCL orders its operations whatever the stream); else the set
+    of ranks taking part (a collective's members; a send or receive's own rank and its partners',
+    as PyTorch gives each pair of peers a communicator of its own). Two communicators over the same
+    ranks look like one: an op queued behind another of the same ranks is then taken as ordered by
+    NCCL anyway. An op whose participants are unknown gets a number of its own."""
     n = len(ops)
     rank = ops["rank"].to_numpy(dtype=np.int64)
     code = np.random.default_rng(20261128).integers(1, 2**62, size=int(rank.max(initial=0)) + 1, dtype=np.int64)
@@ -376,8 +377,8 @@ def communicator_signature(ops: pd.DataFrame, parts: Participants) -> np.ndarray
         per_op = pd.Series(code[pairs["r"].to_numpy()]).groupby(pairs["i"].to_numpy()).sum()
         at = per_op.index.to_numpy()
         sig[at] = per_op.to_numpy() + code[rank[at]]
-    if "comm_id" in ops:
+    if "comm_id" in ops:  # NCCL's own communicator, where its payloads name it: that alone
         comm = ops["comm_id"].to_numpy(dtype=np.int64, na_value=-1)
         named = comm >= 0
-        sig[named] = sig[named] * 1_000_003 + comm[named]  # wraps: a hash, not a count
+        sig[named] = comm[named] + 2**62  # apart from the rank-set numbers' usual range
     return sig

@@ -35,6 +35,8 @@ class JobFacts:
     # time a reduce could not judge, and why (dicts with detector, rank, ns, why: ``steps.unjudged``)
     unjudged: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     attribution: Any = None  # the job's step attribution (nsysan.attribution.job.JobAttribution), when built
+    # every detector's parameters as this report runs them, for a reduce that defers to another's
+    params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)

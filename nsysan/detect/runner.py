@@ -100,10 +100,11 @@ def reduce_detectors(
     (the report's limitations). The parts' tables are consumed (see :func:`_take_tables`); their
     findings are not."""
     settings = settings or {}
-    job = JobFacts(runs=[p.run_ns for p in parts], clock=list(clock), attribution=attribution)
+    params = {spec.kind: spec.params(**settings.get(spec.kind, {})) for spec in registered().values()}
+    job = JobFacts(runs=[p.run_ns for p in parts], clock=list(clock), attribution=attribution, params=params)
     graded: list[tuple[Finding, int, Any]] = []
     for spec in registered().values():
-        p = spec.params(**settings.get(spec.kind, {}))
+        p = params[spec.kind]
         if spec.reduce is None:
             pairs = [(f, part.run_ns) for part in parts for f in part.findings.get(spec.kind, [])]
         else:

@@ -49,6 +49,7 @@ from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.trace import Trace
 
 KIND = "shared_nccl_stream"
+_EVIDENCE_OPS = 20  # held operations listed in a finding's evidence, the longest waits first
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,20 @@ class Params(SeverityParams):
     queue_tolerance_ns: int = param(20_000, "B counts as queued behind A if it started within this after A ended")
 
 
-def blocked(ops: pd.DataFrame, parts: comm_table.Participants, p: Params) -> pd.DataFrame:
+def blocked(
+    ops: pd.DataFrame, parts: comm_table.Participants, p: Params, ordering_params: ordering.Params | None = None
+) -> pd.DataFrame:
     """The ops held behind an op of another communicator, indexed by op position (as B): A, when B
-    and its participants were all ready (``free_at``) and the time lost (``lost``)."""
+    and its participants were all ready (``free_at``) and the time lost (``lost``). ``ordering_params``:
+    nccl_ordering_stall's, as this report runs it (its stalls are its own, not reported here)."""
     a = ordering.predecessor(ops)
     a_end = ops["a_end"].to_numpy()
     queued = np.abs(ops["start_ns"].to_numpy() - ops["end_ns"].to_numpy()[np.maximum(a, 0)])
     b = np.flatnonzero((queued <= p.queue_tolerance_ns) & (a >= 0))
+    # behind the op before it on its own stream (a communicator's previous op on another stream
+    # orders it in NCCL anyway)
+    place = ["export", "pid", "device", "stream"]
+    b = b[np.logical_and.reduce([ops[k].to_numpy()[b] == ops[k].to_numpy()[a[b]] for k in place])]
     if not len(b):
         return pd.DataFrame(columns=["a", "free_at", "lost"])
     ab = a[b]
@@ -71,83 +79,107 @@ def blocked(ops: pd.DataFrame, parts: comm_table.Participants, p: Params) -> pd.
     last = comm_table.latest_peer(ops, parts, key="ready")[b]
     peers_ready = np.where(last >= 0, ready[np.maximum(last, 0)], np.nan)  # NaN: participants unknown
     free_at = np.fmax(ready[b], peers_ready)
-    lost = ops["a_start"].to_numpy()[b] - free_at
+    a_start = ops["a_start"].to_numpy()
+    lost = a_start[b] - np.fmax(free_at, a_start[ab])  # before A started, B waited for something else
     signature = comm_table.communicator_signature(ops, parts)
     known_a = comm_table.latest_peer(ops, parts)[ab] >= 0  # A's participants known, so its communicator
     ok = (signature[b] != signature[ab]) & known_a & ~np.isnan(peers_ready) & (lost >= p.min_stall_ns)
     ok &= a_end[ab] - ready[b] >= p.min_stall_ns
-    late = ordering.stalls(ops, parts, ordering.Params()).index.to_numpy()
+    late = ordering.stalls(ops, parts, ordering_params or ordering.Params()).index.to_numpy()
     ok &= ~np.isin(b, late)
     return pd.DataFrame({"a": ab[ok], "free_at": free_at[ok], "lost": lost[ok]}, index=b[ok])
 
 
 def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tuple[Finding, int]]:
-    """Every B of the job held behind another communicator's op on its stream."""
+    """Every B of the job held behind another communicator's op on its stream, one finding per
+    rank, stream and step (an episode: a pipeline stage's stream holds several ops every step)."""
     found = ordering.job_operations(job)
     if found is None:
         return []
     ops, parts = found
     att = job.attribution
-    held = blocked(ops, parts, p)
+    held = blocked(ops, parts, p, job.params.get(ordering.KIND))
     if held.empty:
         return []
     rows = held.index.to_numpy()
-    arrivals = att.comm_nodes(ops["op"].to_numpy()[rows], "arrival")
+    held = held.assign(arrival=att.comm_nodes(ops["op"].to_numpy()[rows], "arrival"),
+                       rank=ops["rank"].to_numpy()[rows], stream=ops["stream"].to_numpy()[rows],
+                       iteration=ops["iteration"].to_numpy()[rows], export=ops["export"].to_numpy()[rows])  # fmt: skip
     participants_of = parts.ranks_of(ops, rows)
     blocking_of = parts.ranks_of(ops, held["a"].to_numpy(dtype=np.int64))
     graded = []
-    for i, arrival in zip(rows.tolist(), arrivals.tolist(), strict=True):  # one per reported op
-        row = held.loc[i]
-        b, prev = ops.iloc[i], ops.iloc[int(row["a"])]
-        lost = int(row["lost"])
-        off = int(comm_table.offsets(job.clock, np.array([as_int(b["export"])]))[0])
-        run = int(job.runs[as_int(b["export"])])
-        rank, stream = int(b["rank"]), int(b["stream"])
-        finding = Finding(
-            kind=KIND,
-            severity=Severity.INFO,
-            title=(
-                f"{b['short_name']} on rank {rank} waited {lost / 1e3:.0f} us behind {prev['short_name']} of another "
-                f"communicator on NCCL stream {stream}, though it and its peers were ready"
-            ),
-            advice=(
-                "NCCL runs a stream's operations in order, so an operation of one communicator waits for the transfer "
-                "of another's ahead of it. Give each communicator (for point-to-point, each peer pair) its own stream: "
-                "separate process groups (torch.distributed.new_group) get separate NCCL streams in PyTorch; group a "
-                "pipeline stage's sends and receives (batch_isend_irecv) or issue the one whose peer is ready first; "
-                "or use a transport without a total order for point-to-point (nsysan's P2P transport)."
-            ),
-            start_ns=int(row["free_at"]) - off,
-            end_ns=int(b["start_ns"]),
-            impact_ns=lost,
-            rank=rank,
-            device=int(b["device"]),
-            pid=int(b["pid"]),
-            group=f"{KIND}|rank {rank}|stream {stream}",
-            cause=Cause(KIND, (Edit("no_stream_order", nodes=(int(arrival),)),)) if arrival > 0 else None,
-            evidence={
-                "stream": stream,
+    for _key, e in held.groupby(["export", "rank", "stream", "iteration"], sort=True):  # one per episode
+        graded.append(_finding(ops, e, participants_of, blocking_of, job, parts.method))
+    return graded
+
+
+def _finding(ops: pd.DataFrame, e: pd.DataFrame, participants_of: dict[int, list[int]],
+             blocking_of: dict[int, list[int]], job: JobFacts, method: str) -> tuple[Finding, int]:  # fmt: skip
+    worst = as_int(e["lost"].idxmax())
+    b, prev = ops.iloc[worst], ops.iloc[as_int(e.at[worst, "a"])]
+    lost = int(e["lost"].sum())
+    export = as_int(b["export"])
+    off = int(comm_table.offsets(job.clock, np.array([export]))[0])
+    run = int(job.runs[export])
+    rank, stream, n = int(b["rank"]), int(b["stream"]), len(e)
+    step = f" in step {int(b['iteration'])}" if int(b["iteration"]) >= 0 else ""
+    title = (
+        f"{b['short_name']} on rank {rank} waited {lost / 1e3:.0f} us behind {prev['short_name']} of another "
+        f"communicator on NCCL stream {stream}{step}, though it and its peers were ready"
+        if n == 1
+        else f"{n} NCCL operations on rank {rank} waited {lost / 1e3:.0f} us in all behind other communicators' "
+        f"operations on NCCL stream {stream}{step}, though they and their peers were ready"
+    )
+    arrivals = tuple(int(x) for x in e["arrival"] if x > 0)
+    ops_listed = [{"kernel": str(ops["short_name"].iat[i]), "correlation_id": as_optional_int(ops["correlation_id"].iat[i]),
+                   "start_ns": as_int(ops["start_ns"].iat[i]), "lost_ns": as_int(e.at[i, "lost"]),
+                   "behind": str(ops["short_name"].iat[as_int(e.at[i, "a"])])}
+                  for i in e.sort_values("lost", ascending=False).index[:_EVIDENCE_OPS]]  # fmt: skip
+    finding = Finding(
+        kind=KIND,
+        severity=Severity.INFO,
+        title=title,
+        advice=(
+            "NCCL runs a stream's operations in order, so an operation of one communicator waits for the transfer "
+            "of another's ahead of it. Give each communicator its own stream: separate process groups "
+            "(torch.distributed.new_group) get separate NCCL streams in PyTorch; group a pipeline stage's sends "
+            "and receives (batch_isend_irecv) or issue the one whose peer is ready first; or use a transport "
+            "without a total order for point-to-point (nsysan's P2P transport)."
+        ),
+        start_ns=int(e["free_at"].min()) - off,
+        end_ns=int(ops["start_ns"].to_numpy()[e.index.to_numpy()].max()),
+        impact_ns=lost,
+        rank=rank,
+        device=int(b["device"]),
+        pid=int(b["pid"]),
+        group=f"{KIND}|rank {rank}|stream {stream}",
+        cause=Cause(KIND, (Edit("no_stream_order", nodes=arrivals),)) if arrivals else None,
+        evidence={
+            "stream": stream,
+            "operations": n,
+            "worst": {
                 "blocked_op": {
                     "kernel": str(b["short_name"]),
                     "correlation_id": as_optional_int(b["correlation_id"]),
                     "ready_ns": int(b["ready"]) - off,
                     "start_ns": int(b["start_ns"]),
-                    "participants": participants_of[i],
-                    "participants_ready_ns": int(row["free_at"]) - off,
+                    "participants": participants_of[worst],
+                    "participants_ready_ns": as_int(e.at[worst, "free_at"]) - off,
                 },
                 "blocking_op": {
                     "kernel": str(prev["short_name"]),
                     "correlation_id": as_optional_int(prev["correlation_id"]),
                     "start_ns": int(prev["start_ns"]),
                     "end_ns": int(prev["end_ns"]),
-                    "participants": blocking_of[int(row["a"])],
+                    "participants": blocking_of[as_int(e.at[worst, "a"])],
                 },
-                "participants_from": parts.method,
-                "share_of_run": share_text(lost, run),
             },
-        )
-        graded.append((finding, run))
-    return graded
+            "held_ops": ops_listed,
+            "participants_from": method,
+            "share_of_run": share_text(lost, run),
+        },
+    )
+    return finding, run
 
 
 @register(KIND, Params, reduce=reduce)
