@@ -116,7 +116,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("shared stream: stalls behind a late rank reported twice", "nsysan/detect/shared_nccl_stream.py",
            "ok &= ~np.isin(b, late)", "ok &= np.isin(b, b)", SHARED_STREAM),
     Mutant("shared stream: the wait before A started counted as A's", "nsysan/detect/shared_nccl_stream.py",
-           "lost = a_start[b] - np.fmax(free_at, a_start[ab])", "lost = a_start[b] - free_at", SHARED_STREAM),
+           "free_at = np.fmax(free_at, a_start[ab])", "free_at = free_at + 0 * a_start[ab]", SHARED_STREAM),
     Mutant("shared stream: the ordering detector's stalls judged with its defaults, not as set",
            "nsysan/detect/shared_nccl_stream.py", "ordering_params or ordering.Params()", "ordering.Params()",
            SHARED_STREAM),

@@ -104,9 +104,13 @@ def test_one_communicator_named_by_payloads_is_never_reported():
     assert blocked(ops, parts, Params()).index.tolist() == [1]
 
 
-def test_only_behind_the_op_before_it_on_its_own_stream():
+def test_not_behind_its_own_communicator_s_op_on_another_stream():
+    """B on stream 14, A on 13, both of communicator 0 (payloads): A is B's predecessor through the
+    communicator, which NCCL orders whatever the streams; separate streams would not help."""
     ops, parts = _pipeline(b_partner_ready=1_100 * US)
-    ops.loc[1, "stream"] = 14  # B on another stream: nothing of its own stream ahead of it
+    ops.loc[1, "stream"] = 14
+    ops["comm_id"] = pd.array([0, 0, 0, 0], dtype="Int64")
+    assert nccl_ordering_stall.predecessor(ops).tolist()[1] == 0
     assert blocked(ops, parts, Params()).empty
 
 

@@ -1,6 +1,6 @@
 """shared_nccl_stream: an NCCL operation that was ready, with ready participants, but waited in its
-stream's queue behind a running operation of another communicator (or, point-to-point, another
-peer): head-of-line blocking that one stream per communicator would remove.
+stream's queue behind a running operation of another communicator: head-of-line blocking that one
+stream per communicator would remove.
 
 NCCL runs a stream's operations in order. When operations of different communicators share a
 stream (tensor- and data-parallel all-reduces on one stream; a pipeline stage's sends to the next
@@ -11,20 +11,23 @@ rank; this reports the rest: A was running (or waiting for peers that were thems
 
 Definition, on the job clock, with the attribution's NCCL operations and participants:
 
-1. **B queued behind A**: A is the op before B on B's stream (or B's communicator); B started within
-   ``queue_tolerance_ns`` of A's end.
-2. **Different communicators**: A and B belong to different communicators (NCCL's payloads where
-   the export has them; otherwise the set of ranks taking part, so two communicators over the same
-   ranks count as one and are never reported: NCCL orders a communicator's operations anyway).
-3. **Held**: B, and every participant of B, was ready (the event its stream waited on, else its
-   launch's return) at least ``min_stall_ns`` before B started, and B was ready that long before A
-   ended.
-4. **Lost** = B.start - max(B ready, its participants' latest readiness) >= ``min_stall_ns``. Not
-   reported where :mod:`~nsysan.detect.nccl_ordering_stall` reports B (behind an op waiting for a
-   late rank), with that detector's default thresholds.
+1. **B queued behind A**: A is the op before B (as nccl_ordering_stall finds it: on B's stream, or
+   B's communicator's previous op when that ended later); B started within ``queue_tolerance_ns``
+   of A's end.
+2. **Different communicators**: NCCL's communicator alone where payloads name it (so an A found
+   through B's communicator never qualifies: NCCL orders a communicator's operations whatever the
+   streams); otherwise the set of ranks taking part, so two communicators over the same ranks count
+   as one and are never reported.
+3. **Held**: B was ready (the event its stream waited on, else its launch's return) at least
+   ``min_stall_ns`` before A ended.
+4. **Lost** = B.start - max(B ready, its participants' latest readiness, A's start) >=
+   ``min_stall_ns`` (before A started, B waited for something else). Not reported where
+   :mod:`~nsysan.detect.nccl_ordering_stall`, with the parameters this report runs it with, reports
+   B (behind an op waiting for a late rank).
 
-One finding per B; the group is (rank, stream), so a pipeline stage's stream is one headline.
-Recoverable time is the what-if replay with B no longer ordered behind A on its stream
+One finding per rank, stream and step (an episode), its lost time the sum; the group is (rank,
+stream), so a pipeline stage's stream is one headline. Recoverable time is the what-if replay with
+the episode's ops no longer ordered behind the op before them on their stream
 (``no_stream_order``), the job's other constraints kept.
 
 Blind spots: without payloads, participants come from program position and an op whose
@@ -62,16 +65,13 @@ def blocked(
     ops: pd.DataFrame, parts: comm_table.Participants, p: Params, ordering_params: ordering.Params | None = None
 ) -> pd.DataFrame:
     """The ops held behind an op of another communicator, indexed by op position (as B): A, when B
-    and its participants were all ready (``free_at``) and the time lost (``lost``). ``ordering_params``:
+    and its participants were all ready and A had started (``free_at``: B could have run beside A
+    from then) and the time lost (``lost``). ``ordering_params``:
     nccl_ordering_stall's, as this report runs it (its stalls are its own, not reported here)."""
     a = ordering.predecessor(ops)
     a_end = ops["a_end"].to_numpy()
     queued = np.abs(ops["start_ns"].to_numpy() - ops["end_ns"].to_numpy()[np.maximum(a, 0)])
     b = np.flatnonzero((queued <= p.queue_tolerance_ns) & (a >= 0))
-    # behind the op before it on its own stream (a communicator's previous op on another stream
-    # orders it in NCCL anyway)
-    place = ["export", "pid", "device", "stream"]
-    b = b[np.logical_and.reduce([ops[k].to_numpy()[b] == ops[k].to_numpy()[a[b]] for k in place])]
     if not len(b):
         return pd.DataFrame(columns=["a", "free_at", "lost"])
     ab = a[b]
@@ -80,7 +80,8 @@ def blocked(
     peers_ready = np.where(last >= 0, ready[np.maximum(last, 0)], np.nan)  # NaN: participants unknown
     free_at = np.fmax(ready[b], peers_ready)
     a_start = ops["a_start"].to_numpy()
-    lost = a_start[b] - np.fmax(free_at, a_start[ab])  # before A started, B waited for something else
+    free_at = np.fmax(free_at, a_start[ab])  # before A started, B waited for something else
+    lost = a_start[b] - free_at
     signature = comm_table.communicator_signature(ops, parts)
     known_a = comm_table.latest_peer(ops, parts)[ab] >= 0  # A's participants known, so its communicator
     ok = (signature[b] != signature[ab]) & known_a & ~np.isnan(peers_ready) & (lost >= p.min_stall_ns)
@@ -164,7 +165,7 @@ def _finding(ops: pd.DataFrame, e: pd.DataFrame, participants_of: dict[int, list
                     "ready_ns": int(b["ready"]) - off,
                     "start_ns": int(b["start_ns"]),
                     "participants": participants_of[worst],
-                    "participants_ready_ns": as_int(e.at[worst, "free_at"]) - off,
+                    "could_start_ns": as_int(e.at[worst, "free_at"]) - off,
                 },
                 "blocking_op": {
                     "kernel": str(prev["short_name"]),
