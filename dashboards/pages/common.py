@@ -34,6 +34,13 @@ def cell(value: Any) -> html.Td:
     return html.Td(value, className="long") if isinstance(value, str) and len(value) > LONG_TEXT else html.Td(value)
 
 
+def recoverable_ns(findings: Iterable[dict[str, Any]]) -> int | None:
+    """The findings' summed recoverable time; None when the analysis that stored them predates
+    recoverable time (none of them carries it)."""
+    known = [f["recoverable_ns"] for f in findings if f.get("recoverable_ns") is not None]
+    return sum(known) if known else None
+
+
 def severity_badge(severity: str) -> html.Span:
     return html.Span(severity, className=f"badge {severity}")
 

@@ -26,7 +26,7 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards import ids, security
-from dashboards.pages.common import assignee_field, login_on, missing, review_status, where
+from dashboards.pages.common import assignee_field, login_on, missing, recoverable_ns, review_status, where
 from dashboards.server import Server
 from nsysan.detect import registered
 from nsysan.errors import InputError, NsysanError
@@ -413,10 +413,9 @@ def _ms(ns: int) -> float:
 
 
 def _recoverable_ms(members: list[dict[str, Any]]) -> float | None:
-    """The members' summed recoverable time; None (an empty cell) when the analysis that stored
-    them predates recoverable time."""
-    known = [m["recoverable_ns"] for m in members if m.get("recoverable_ns") is not None]
-    return _ms(sum(known)) if known else None
+    """The members' summed recoverable time in ms; None (an empty cell) before recoverable time."""
+    total = recoverable_ns(members)
+    return None if total is None else _ms(total)
 
 
 def _link(f: dict[str, Any]) -> str:

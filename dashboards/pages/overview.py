@@ -29,7 +29,7 @@ from dash import ALL, Input, Output, State, dcc, html
 
 from dashboards import breakdown, ids
 from dashboards.analysis import stored_steps
-from dashboards.pages.common import captured, cell, missing, severity_badge, thread
+from dashboards.pages.common import captured, cell, missing, recoverable_ns, severity_badge, thread
 from dashboards.server import Server
 from dashboards.timeline import LANE_COLOURS, LANE_SHADES, LANES, SEVERITY_COLOURS, TimelineData, evidence_items
 from nsysan.detect.registry import parse_settings, raised_limits
@@ -650,8 +650,7 @@ def _group_row(trace_id: int, findings: list[dict[str, Any]], g: dict[str, Any])
     worst = findings[g["worst"]]
     members = [findings[i] for i in g["findings"]]
     ranks = sorted({m["rank"] for m in members if m.get("rank") is not None})
-    # None: stored from a report before recoverable time was computed
-    recoverable = None if all(m.get("recoverable_ns") is None for m in members) else g["recoverable_ns"]
+    recoverable = recoverable_ns(members)  # None: stored from a report before recoverable time
     return html.Tr([
         html.Td(severity_badge(g["severity"])), html.Td(g["kind"], className="kind"), cell(worst["title"]),
         html.Td(str(g["count"]), className="count"),

@@ -115,17 +115,26 @@ def _values(column: pd.Series, rows: np.ndarray | None) -> np.ndarray:
 
 
 def stalls(
-    ops: pd.DataFrame, parts: comm_table.Participants, p: Params, blind: list[np.ndarray] | None = None
+    ops: pd.DataFrame,
+    parts: comm_table.Participants,
+    p: Params,
+    blind: list[np.ndarray] | None = None,
+    known: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """The stalls, indexed by op position (as B): its predecessor A, what A waited for, B's lost time,
     and whether B is the first of its episode (``parent`` -1) or a link of another stall's episode
     (``parent``, ``root``). Only the ops queued behind another are examined past the first test, and
     only the stalls kept: the per-op arrays are 10M long at 1,024 ranks. ``blind`` receives the ops
-    that could have stalled but whose participants are unknown, and the time each could have lost."""
-    late = comm_table.latest_peer(ops, parts)
-    release_freed_memory()
-    a = predecessor(ops)
-    release_freed_memory()
+    that could have stalled but whose participants are unknown, and the time each could have lost.
+    ``known``: (:func:`comm_table.latest_peer`, :func:`predecessor`) of these ops, where the caller
+    has them already."""
+    if known is not None:
+        late, a = known
+    else:
+        late = comm_table.latest_peer(ops, parts)
+        release_freed_memory()
+        a = predecessor(ops)
+        release_freed_memory()
     queued = ops["end_ns"].to_numpy()[np.maximum(a, 0)]  # A's end, on B's clock
     np.subtract(ops["start_ns"].to_numpy(), queued, out=queued)
     np.abs(queued, out=queued)

@@ -83,10 +83,11 @@ def blocked(
     free_at = np.fmax(free_at, a_start[ab])  # before A started, B waited for something else
     lost = a_start[b] - free_at
     signature = comm_table.communicator_signature(ops, parts)
-    known_a = comm_table.latest_peer(ops, parts)[ab] >= 0  # A's participants known, so its communicator
+    latest = comm_table.latest_peer(ops, parts)
+    known_a = latest[ab] >= 0  # A's participants known, so its communicator
     ok = (signature[b] != signature[ab]) & known_a & ~np.isnan(peers_ready) & (lost >= p.min_stall_ns)
     ok &= a_end[ab] - ready[b] >= p.min_stall_ns
-    late = ordering.stalls(ops, parts, ordering_params or ordering.Params()).index.to_numpy()
+    late = ordering.stalls(ops, parts, ordering_params or ordering.Params(), known=(latest, a)).index.to_numpy()
     ok &= ~np.isin(b, late)
     return pd.DataFrame({"a": ab[ok], "free_at": free_at[ok], "lost": lost[ok]}, index=b[ok])
 

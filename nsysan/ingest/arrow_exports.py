@@ -196,21 +196,21 @@ def _tables(path: Path, files: list[Path]) -> Iterator[tuple[str, Any, Path]]:
                 batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
                 yield f.stem, pa.RecordBatchReader.from_batches(reader.schema, batches), f
                 continue
-            source = pa.OSFile(str(f), "rb")
             size = f.stat().st_size
             first = True
-            while source.tell() < size:  # streams one after the other: one per table
-                stream = ipc.open_stream(source)
-                meta = stream.schema.metadata or {}
-                named = meta.get(b"table_name")
-                if named is None and not (first and suffix != ".arrows"):
-                    raise InputError(f"{path}: {f.name} holds an Arrow stream without a table_name")
-                yield (named.decode("utf-8", "replace") if named else f.stem), stream, f
-                first = False
-                end = source.tell()  # the stream was read to its end by now
-                source.seek(max(end - len(_END_OF_STREAM), 0))
-                if source.read(len(_END_OF_STREAM)) != _END_OF_STREAM:
-                    raise InputError(f"{path}: {f.name} is cut short (a stream without its end marker)")
+            with pa.OSFile(str(f), "rb") as source:
+                while source.tell() < size:  # streams one after the other: one per table
+                    stream = ipc.open_stream(source)
+                    meta = stream.schema.metadata or {}
+                    named = meta.get(b"table_name")
+                    if named is None and not (first and suffix != ".arrows"):
+                        raise InputError(f"{path}: {f.name} holds an Arrow stream without a table_name")
+                    yield (named.decode("utf-8", "replace") if named else f.stem), stream, f
+                    first = False
+                    end = source.tell()  # the stream was read to its end by now
+                    source.seek(max(end - len(_END_OF_STREAM), 0))
+                    if source.read(len(_END_OF_STREAM)) != _END_OF_STREAM:
+                        raise InputError(f"{path}: {f.name} is cut short (a stream without its end marker)")
         except InputError:
             raise
         except (OSError, pa.ArrowException) as exc:

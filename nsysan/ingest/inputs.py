@@ -68,11 +68,13 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
     # export is read, the report not exported again as a second copy of the same ranks
     # (and an Arrow/Parquet export beside the SQLite one, as `nsys export --type sqlite,parquetdir`
     # writes them: the SQLite one is read)
-    exported = {_capture(p) for p in paths if not is_raw(p)}
-    paths = [p for p in paths if not (is_raw(p) and _capture(p) in exported)]
-    sqlite = {_capture(p) for p in paths if not is_raw(p) and not is_arrow_export(p)}
-    paths = [p for p in paths if not (is_arrow_export(p) and _capture(p) in sqlite)]
-    paths = [_readable(p) for p in paths]
+    arrow = {p for p in paths if is_arrow_export(p)}  # each ask lists a directory: asked once
+    capture = {p: _capture(p, p in arrow) for p in paths}
+    exported = {capture[p] for p in paths if not is_raw(p)}
+    paths = [p for p in paths if not (is_raw(p) and capture[p] in exported)]
+    sqlite = {capture[p] for p in paths if not is_raw(p) and p not in arrow}
+    paths = [p for p in paths if not (p in arrow and capture[p] in sqlite)]
+    paths = [_readable(p, p in arrow) for p in paths]
     seen: set[Path] = set()
     unique = []
     for p in paths:
@@ -85,18 +87,19 @@ def expand_inputs(inputs: Iterable[str | os.PathLike[str]], skipped: list[str] |
     return unique
 
 
-def _capture(path: Path) -> tuple[Path, str]:
+def _capture(path: Path, arrow: bool) -> tuple[Path, str]:
     """Which capture a file or export directory holds, by its place and name: ``job.sqlite``,
-    ``job.nsys-rep``, ``job.arrows`` and ``job_pqtdir/`` beside each other are one capture."""
+    ``job.nsys-rep``, ``job.arrows`` and ``job_pqtdir/`` beside each other are one capture.
+    ``arrow``: whether ``path`` is an Arrow/Parquet export."""
     where = (path.resolve() if path.is_dir() else path).parent.resolve()  # "." is in its parent
-    return where, export_stem(path) if is_arrow_export(path) else path.stem
+    return where, export_stem(path) if arrow else path.stem
 
 
-def _readable(path: Path) -> Path:
+def _readable(path: Path, arrow: bool) -> Path:
     """The SQLite file read for ``path``: itself, or the export made of a raw report or the copy
-    made of an Arrow/Parquet export."""
+    made of an Arrow/Parquet export (``arrow``)."""
+    if arrow:
+        return sqlite_of_tables(path)
     if is_raw(path) and path.is_file():
         return sqlite_of(path)
-    if is_arrow_export(path):
-        return sqlite_of_tables(path)
     return path
