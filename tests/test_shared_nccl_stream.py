@@ -22,6 +22,8 @@ def _ops(rows: list[dict]) -> pd.DataFrame:
     df["pid"] = 100 + df["rank"]
     df["device"] = df["rank"]
     df["stream"] = 13
+    if "short_name" not in df:
+        df["short_name"] = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
     df["comm_id"] = pd.array([pd.NA] * len(df), dtype="Int64")
     df["a_start"], df["a_end"] = df["start_ns"], df["end_ns"]
     df["ready"] = df["ready"].astype("float64")
@@ -141,3 +143,71 @@ def test_stalls_behind_a_late_rank_are_left_to_the_ordering_detector_as_it_is_se
     ordering = nccl_ordering_stall.Params
     assert blocked(ops, parts, Params(), ordering(min_wait_ns=30 * US)).empty
     assert blocked(ops, parts, Params(), ordering(min_wait_ns=50 * US)).index.tolist() == [1]
+
+
+def _tp_dp_merged(
+    named: bool = False, first: str = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+) -> tuple[pd.DataFrame, Participants]:
+    """Four ranks, TP pairs {0, 1} and {2, 3}. First a TP all-reduce per pair (each pair its own
+    set), then a DP all-reduce (A, 1,000-2,000 us) and, queued behind it on every rank, a TP
+    all-reduce (B) whose four kernels all ended together, so program position matched them as one
+    set {0, 1, 2, 3}: the same ranks as A. B was ready at 1,200 us on every rank."""
+    rows, group = [], []
+    for r in range(4):
+        rows.append({"rank": r, "start_ns": 500 * US, "end_ns": 550 * US, "ready": 500 * US, "short_name": first})
+        group.append(r // 2)
+    for r in range(4):
+        rows.append(
+            {
+                "rank": r,
+                "start_ns": 1_000 * US,
+                "end_ns": 2_000 * US,
+                "ready": 900 * US,
+                "short_name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            }
+        )  # A: DP
+        group.append(2)
+    for r in range(4):
+        rows.append(
+            {
+                "rank": r,
+                "start_ns": 2_000 * US,
+                "end_ns": 2_050 * US,
+                "ready": 1_200 * US,
+                "short_name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            }
+        )  # B: merged
+        group.append(3)
+    ops = _ops(rows)
+    if named:
+        ops["comm_id"] = pd.array([0, 0, 1, 1, 2, 2, 2, 2, 0, 0, 1, 1], dtype="Int64")
+    edges = pd.DataFrame({"i": [], "j": []}, dtype="int64")
+    return ops, Participants(group=pd.Series(group, dtype="int64"), edges=edges, method="test")
+
+
+def test_ops_of_a_rank_set_that_may_be_several_communicators_are_held_as_ambiguous():
+    """B's set is A's, but it contains the smaller sets its ranks also form: one communicator or
+    TP pairs taken for one? Kept apart (``ambiguous``) for steps.unjudged, never a finding; with
+    payloads naming the communicators it is judged (B's is not A's)."""
+    held = blocked(*_tp_dp_merged(), Params())
+    assert held.index.tolist() == [8, 9, 10, 11]
+    assert held["ambiguous"].tolist() == [True] * 4
+    assert held["lost"].tolist() == [800 * US] * 4  # from 1,200 (all ready) to 2,000
+    named = blocked(*_tp_dp_merged(named=True), Params())
+    assert named.index.tolist() == [8, 9, 10, 11] and not named["ambiguous"].any()
+
+
+def test_one_set_of_ranks_queued_behind_itself_is_neither_judged_nor_ambiguous():
+    """Pure data parallelism: every op over the same four ranks, no smaller set anywhere. B behind A
+    is one communicator's order (NCCL's), not a shared stream, and not a doubt either."""
+    ops, parts = _tp_dp_merged()
+    first = parts.group.copy()
+    first.iloc[:4] = 4  # the first all-reduce over all four ranks too
+    assert blocked(ops, Participants(group=first, edges=parts.edges, method="test"), Params()).empty
+
+
+def test_smaller_sets_of_another_kernel_raise_no_doubt():
+    """A pipeline's sends and receives between pairs of stages, then two all-reduces over all the
+    ranks, the second queued behind the first (the bundled pipeline-stall): the pairs run another
+    kernel, so the all-reduces' set is not doubtful, and one set behind itself is not reported."""
+    assert blocked(*_tp_dp_merged(first="ncclDevKernel_SendRecv"), Params()).empty

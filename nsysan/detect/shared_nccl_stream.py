@@ -31,7 +31,9 @@ the episode's ops no longer ordered behind the op before them on their stream
 (``no_stream_order``), the job's other constraints kept.
 
 Blind spots: without payloads, participants come from program position and an op whose
-participants are unknown is not judged; communicators over the same ranks look alike; readiness
+participants are unknown is not judged; communicators over the same ranks look alike, and where
+program position may have merged several into one set (:func:`_merged_ranks`) the wait is not
+judged but counted in ``steps.unjudged``; readiness
 cannot see host-side dependencies that are not CUDA events; a copy engine or SM contention that
 separate streams would bring is not modelled (the replay assumes both transfers proceed at their
 measured speed).
@@ -50,6 +52,7 @@ from nsysan.detect.common import SeverityParams, as_int, as_optional_int, share_
 from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.trace import Trace
+from nsysan.intervals import merge
 
 KIND = "shared_nccl_stream"
 _EVIDENCE_OPS = 20  # held operations listed in a finding's evidence, the longest waits first
@@ -73,7 +76,7 @@ def blocked(
     queued = np.abs(ops["start_ns"].to_numpy() - ops["end_ns"].to_numpy()[np.maximum(a, 0)])
     b = np.flatnonzero((queued <= p.queue_tolerance_ns) & (a >= 0))
     if not len(b):
-        return pd.DataFrame(columns=["a", "free_at", "lost"])
+        return pd.DataFrame(columns=["a", "free_at", "lost", "ambiguous"])
     ab = a[b]
     ready = ops["ready"].to_numpy()
     last = comm_table.latest_peer(ops, parts, key="ready")[b]
@@ -85,11 +88,46 @@ def blocked(
     signature = comm_table.communicator_signature(ops, parts)
     latest = comm_table.latest_peer(ops, parts)
     known_a = latest[ab] >= 0  # A's participants known, so its communicator
-    ok = (signature[b] != signature[ab]) & known_a & ~np.isnan(peers_ready) & (lost >= p.min_stall_ns)
-    ok &= a_end[ab] - ready[b] >= p.min_stall_ns
+    held = known_a & ~np.isnan(peers_ready) & (lost >= p.min_stall_ns) & (a_end[ab] - ready[b] >= p.min_stall_ns)
     late = ordering.stalls(ops, parts, ordering_params or ordering.Params(), known=(latest, a)).index.to_numpy()
-    ok &= ~np.isin(b, late)
-    return pd.DataFrame({"a": ab[ok], "free_at": free_at[ok], "lost": lost[ok]}, index=b[ok])
+    held &= ~np.isin(b, late)
+    ok = held & (signature[b] != signature[ab])
+    same = held & ~ok
+    if same.any():
+        same[same] = _merged_ranks(ops, parts, signature, b[same])
+    return pd.DataFrame({"a": ab[ok | same], "free_at": free_at[ok | same], "lost": lost[ok | same],
+                         "ambiguous": same[ok | same]}, index=b[ok | same])  # fmt: skip
+
+
+def _merged_ranks(
+    ops: pd.DataFrame, parts: comm_table.Participants, signature: np.ndarray, b: np.ndarray
+) -> np.ndarray:
+    """Per op in ``b`` (held behind an op of its own rank set), whether that rank set may be
+    several communicators taken for one: its participants came from program position (no payload
+    names its communicator) and its rank also runs the same kernel with a smaller set of ranks inside
+    it (the tensor-parallel pairs of TP x DP, whose all-reduces end together when they all waited
+    behind a data-parallel one; a pipeline's sends and receives do not make its world all-reduce
+    doubtful). Then B and the op ahead of it may be one communicator (NCCL orders them
+    anyway) or several sharing a stream, and nothing in the timing tells which."""
+    rank = ops["rank"].to_numpy()
+    unnamed = ops["comm_id"].isna().to_numpy() if "comm_id" in ops else np.ones(len(ops), dtype=bool)
+    known = np.flatnonzero(parts.matched())
+    first = pd.Series(known).groupby(signature[known]).first()  # one op per rank set
+    members = parts.ranks_of(ops, first.to_numpy())
+    set_of = {int(s): frozenset([int(rank[i]), *members[int(i)]])
+              for s, i in zip(first.index.tolist(), first.tolist(), strict=True)}  # fmt: skip
+    name = ops["short_name"].astype(str).to_numpy()
+    sets_of: dict[tuple[int, str], list[frozenset[int]]] = {}
+    pairs = pd.DataFrame({"rank": rank[known], "name": name[known], "sig": signature[known]}).drop_duplicates()
+    for r, n, sig in zip(pairs["rank"].tolist(), pairs["name"].tolist(), pairs["sig"].tolist(), strict=True):
+        sets_of.setdefault((int(r), n), []).append(set_of[int(sig)])  # distinct (rank, kernel, set): few
+    out = np.zeros(len(b), dtype=bool)
+    for k, i in enumerate(b):  # held ops only (a few per step)
+        mine = set_of.get(int(signature[i]))
+        if mine is None or not unnamed[i]:
+            continue
+        out[k] = any(len(other) >= 2 and other < mine for other in sets_of.get((int(rank[i]), name[i]), []))
+    return out
 
 
 def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tuple[Finding, int]]:
@@ -101,6 +139,10 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
     ops, parts = found
     att = job.attribution
     held = blocked(ops, parts, p, job.params.get(ordering.KIND))
+    unsure = held["ambiguous"].to_numpy(dtype=bool)
+    if unsure.any():
+        job.unjudged.extend(_not_judged(ops, held[unsure]))
+    held = held[~unsure]
     if held.empty:
         return []
     rows = held.index.to_numpy()
@@ -113,6 +155,26 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
     for _key, e in held.groupby(["export", "rank", "stream", "iteration"], sort=True):  # one per episode
         graded.append(_finding(ops, e, participants_of, blocking_of, job, parts.method))
     return graded
+
+
+def _not_judged(ops: pd.DataFrame, held: pd.DataFrame) -> list[dict[str, object]]:
+    """Per rank, the time held ops of :func:`_merged_ranks` waited (the union per stream: ops
+    queued one behind the other wait through the same time), as ``steps.unjudged`` entries."""
+    rows = held.index.to_numpy()
+    waits = pd.DataFrame({"rank": ops["rank"].to_numpy()[rows], "stream": ops["stream"].to_numpy()[rows],
+                          "start_ns": held["free_at"].to_numpy(dtype=np.int64),
+                          "end_ns": ops["a_start"].to_numpy()[rows].astype(np.int64)})  # fmt: skip
+    merged = merge(waits, ["rank", "stream"])
+    total = (merged["end_ns"] - merged["start_ns"]).groupby(merged["rank"]).sum()
+    count = waits.groupby("rank").size()
+    return [
+        {"detector": KIND, "rank": int(r), "ns": int(total[r]),
+         "why": f"{int(count[r])} NCCL operation{'s' if int(count[r]) > 1 else ''} ready, with ready peers, waited "
+                "behind an operation of the same ranks on their stream; without NCCL's payloads the ranks were "
+                "matched by program position, and the same kernel also runs in smaller sets of them, so whether these are one "
+                "communicator (ordered by NCCL anyway) or several sharing the stream is not judged (up to this long)"}
+        for r in total.index
+    ]  # fmt: skip
 
 
 def _finding(ops: pd.DataFrame, e: pd.DataFrame, participants_of: dict[int, list[int]],
