@@ -45,6 +45,7 @@ SEVERITY = ("tests/test_detector_scenarios.py", "-k", "appear_in_every_format")
 SLICES = ("tests/test_slices.py", "-k", "not real_two_gpu")
 WAKEUPS = ("tests/test_transport_wakeups.py",)
 SHARED_STREAM = ("tests/test_shared_nccl_stream.py",)
+SLOWDOWN_POSITIONS = ("tests/test_slowdown_positions.py", "-k", "layout or gemm_of or one_position")
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("ordering: B's own peers never checked", "nsysan/detect/nccl_ordering_stall.py",
@@ -124,6 +125,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("shared stream: the ordering detector's stalls judged with its defaults, not as set",
            "nsysan/detect/shared_nccl_stream.py", "ordering_params or ordering.Params()", "ordering.Params()",
            SHARED_STREAM),
+    Mutant("slowdown: any kernel's same grid elsewhere taken as its baseline", "nsysan/detect/comm_compute_slowdown.py",
+           ".str.contains(_SHAPE_FIXES_WORK)", '.str.contains("")', SLOWDOWN_POSITIONS),
+    Mutant("slowdown: clean runs at one position taken as a signature baseline",
+           "nsysan/detect/comm_compute_slowdown.py", "(positions.reindex(stats.index) >= 2)",
+           "(positions.reindex(stats.index) >= 1)", SLOWDOWN_POSITIONS),
     Mutant("transport: a SIGTERMed rank leaves its segments", "nsysan/transport/p2p.py",
            'own(f"{self._files}{rank}-")', 'str(f"{self._files}{rank}-")',
            ("tests/test_transport.py", "-k", "teardown")),

@@ -231,3 +231,62 @@ def test_one_kernel_slowed_under_nccl_sometimes_with_a_host_copy_is_one_group(tm
     assert len(findings) == 1 and findings[0].group.endswith("|NCCL kernel")  # one episode, one group
     assert findings[0].evidence["classes"] == {"NCCL kernel": 4, "NCCL kernel + host copy": 4}
     assert findings[0].evidence["instances"] == 8 and "while NCCL kernel + host copy runs" in findings[0].title
+
+
+def _ddp_layout_job(tmp_path: Path, name: str, forward: int = 2) -> Path:
+    """Five steps of DDP as NERSC's capture has them: in each step's "forward" range ``name``
+    runs clean ``forward`` times (50 us, at that many program positions); in "backward", launched from autograd's
+    thread outside any range, it runs once under the bucket all-reduce every time, at 100 us."""
+    from fixtures.exporter import ExportWriter
+
+    w = ExportWriter(tmp_path / f"{name[:12]}.sqlite")
+    w.process(100, "python3")
+    corr, t = 0, 1_000_000
+
+    def kernel(tid: int, stream: int, start: int, dur: int, kname: str) -> None:
+        nonlocal corr
+        corr += 1
+        w.runtime(100, tid, start - 5_000, start - 4_000, "cudaLaunchKernel", corr)
+        w.kernel(100, 0, stream, start, start + dur, kname, correlation=corr, grid=(2, 16, 512))
+
+    for step in range(5):  # a step every 1 ms: forward from 0.05 to 0.35 ms, backward at 0.5 ms
+        s0 = t
+        w.nvtx_range(100, 100, s0 + 50_000, s0 + 350_000, "forward")
+        for i in range(forward):
+            kernel(100, 7, s0 + 100_000 + 120_000 * i, 50_000 + 500 * step, name)
+        kernel(101, 20, s0 + 490_000, 130_000, "ncclDevKernel_AllReduce_Sum_f16_RING_LL")
+        kernel(101, 7, s0 + 500_000, 100_000, name)
+        w.nvtx_range(100, 100, s0, s0 + 900_000, f"step {step}")
+        t += 1_000_000
+    return w.close()
+
+
+def test_a_layout_transform_always_under_nccl_is_judged_against_its_clean_forward_runs(tmp_path):
+    """No clean instance at its backward position, but the same transform (name, grid, block) runs
+    clean at two forward positions that agree: its grid fixes its work, so that is its baseline
+    (NERSC 4gpu_baseline: nchwToNhwcKernel 52 -> 111 us under NCCL, 8.5 ms, was never judged)."""
+    with load_trace([_ddp_layout_job(tmp_path, "void cudnn::ops::nchwToNhwcKernel<__half>(int)")]) as trace:
+        verdicts = slowdown.detect(trace, slowdown.Params())
+    assert sum(f.evidence["instances"] for f in verdicts.findings) == 5
+    assert all("under other NVTX ranges" in f.evidence["baseline"] for f in verdicts.findings)
+    expected = np.mean([50_000 + 500 * s for s in range(5)])
+    assert sum(f.impact_ns for f in verdicts.findings) == pytest.approx(5 * (100_000 - expected), rel=0.01)
+
+
+def test_a_gemm_of_the_same_grid_elsewhere_is_no_baseline(tmp_path):
+    """The same job with a convolution's dgrad: one grid does different work for different
+    reduction sizes (NERSC's strided_dgrad: 4.9 us in the forward pass, 5-52 us in the backward
+    one), so its forward runs are no baseline, and the backward ones stay unjudged."""
+    name = "void xmma_cudnn::implicit_gemm::strided_dgrad_indexed::kernel<int>(int)"
+    with load_trace([_ddp_layout_job(tmp_path, name)]) as trace:
+        verdicts = slowdown.detect(trace, slowdown.Params())
+    assert verdicts.findings == []
+    assert any("no baseline" in u["why"] and u["ns"] >= 5 * 100_000 for u in verdicts.unjudged), verdicts.unjudged
+
+
+def test_clean_runs_at_one_position_only_are_no_baseline_elsewhere(tmp_path):
+    """One forward position cannot show that the transform does the same work wherever it runs:
+    the backward runs stay unjudged."""
+    name = "void cudnn::ops::nchwToNhwcKernel<__half>(int)"
+    with load_trace([_ddp_layout_job(tmp_path, name, forward=1)]) as trace:
+        assert slowdown.detect(trace, slowdown.Params()).findings == []

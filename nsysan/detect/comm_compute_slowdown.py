@@ -64,8 +64,10 @@ act on.
 
 Blind spots
 -----------
-A position with no clean instance (communication always overlaps it, as a DDP bucket may) has no
-baseline and is not judged; nor are kernels whose clean instances disagree. Without NVTX, kernels
+A position with no clean instance (communication always overlaps it, as a DDP bucket may) falls
+back to the same kernel's clean instances at other ordinals of its NVTX path, then (kernels whose
+launch shape fixes their work only) under other paths, then to the rank's contention factor;
+where none applies it is not judged; nor are kernels whose clean instances disagree. Without NVTX, kernels
 of one signature doing different work are pooled; the spread check then usually refuses them.
 An instance under communication that compute on another stream (or a graph node beside it) also
 shared the GPU with for ``overlap_share`` of its time or more is not judged: either could have
@@ -451,8 +453,52 @@ def _contention_baselines(k: pd.DataFrame, p: Params) -> None:
         k.loc[at, "contention"] = 1 / (1 - c)
 
 
+# kernels whose launch shape (grid, block) fixes the work they do: cuDNN's layout transforms (the
+# grid follows the tensor's dimensions) and PyTorch's contiguous elementwise kernels (vectorized /
+# unrolled: the grid follows the element count, every element read and written once; the generic
+# elementwise_kernel serves strided tensors, whose traffic the grid does not tell)
+_SHAPE_FIXES_WORK = r"nchwToNhwc|nhwcToNchw|vectorized_elementwise_kernel|unrolled_elementwise_kernel"
+
+
+def _signature_baselines(k: pd.DataFrame, p: Params) -> None:
+    """Baselines for positions communication overlaps every time, from the same kernel's clean
+    instances under other NVTX paths of its device (a layout transform that runs clean in the
+    forward pass and under NCCL in the backward one; NERSC's DDP ``nchwToNhwcKernel``).
+
+    Only for kernels whose launch shape fixes their work (:data:`_SHAPE_FIXES_WORK`), and only
+    where the signature's clean instances come from at least two program positions and agree within
+    ``baseline_spread``. A GEMM or convolution of one grid does different work for different
+    reduction sizes (NERSC's ``strided_dgrad``: 4.9 us clean in the forward pass, 5-52 us in the
+    backward one), and a strided elementwise kernel different memory traffic for different strides:
+    those stay unjudged. In place, after the kin baselines."""
+    blind = (k["cls"] > 0) & k["expected"].isna()
+    blind &= k["name"].astype(str).str.contains(_SHAPE_FIXES_WORK).to_numpy()
+    if not blind.any():
+        return
+    fixed = k["clean"] & k["sig"].isin(k.loc[blind, "sig"].unique())
+    clean = k.loc[fixed, ["export", "device", "sig", "pos", "corrected"]]
+    group = clean.groupby(["export", "device", "sig"], observed=True).ngroup().rename("pos")
+    stats = _clean_stats(pd.concat([group, clean["corrected"]], axis=1), "corrected")
+    positions = clean.groupby(group)["pos"].nunique()
+    keep = (stats["n"] >= max(p.min_samples, 3)) & (positions.reindex(stats.index) >= 2)
+    keep &= stats["hi"] - stats["lo"] <= p.baseline_spread * stats["expected"]
+    stats = stats[keep]
+    if stats.empty:
+        return
+    key = pd.concat([clean[["export", "device", "sig"]], group], axis=1).drop_duplicates(["export", "device", "sig"])
+    table = key.join(stats[["expected", "hi"]], on="pos").dropna(subset=["expected"])
+    fill = k.loc[blind, ["export", "device", "sig"]].merge(table, on=["export", "device", "sig"], how="left")
+    fill.index = k.index[blind]
+    found = fill["expected"].notna()
+    rows = fill.index[found]
+    k.loc[rows, "expected"] = fill.loc[found, "expected"].to_numpy()
+    k.loc[rows, "hi"] = fill.loc[found, "hi"].to_numpy()
+    k.loc[rows, "baseline"] = _SIGNATURE
+
+
 _MIN_FIT = 4
-_NONE, _POSITION, _KIN, _CONTENTION = 0, 1, 2, 3  # where a kernel's expected duration came from (column baseline)
+# where a kernel's expected duration came from (column baseline)
+_NONE, _POSITION, _KIN, _CONTENTION, _SIGNATURE = 0, 1, 2, 3, 4
 
 
 def _baseline_text(first: pd.Series) -> str:
@@ -461,6 +507,9 @@ def _baseline_text(first: pd.Series) -> str:
     if first["baseline"] == _KIN:
         return ("clean instances of the same kernel (name, grid, block, NVTX path) elsewhere in the step: "
                 "communication overlaps this position every time")  # fmt: skip
+    if first["baseline"] == _SIGNATURE:
+        return ("clean instances of the same kernel (name, grid, block) under other NVTX ranges, at two or more "
+                "program positions that agree: communication overlaps this position every time")  # fmt: skip
     return (
         f"the rank's contention factor {float(first['contention']):.2f} under NCCL, measured on kernels NCCL "
         "overlapped for varying shares of their time, applied to this position, which NCCL overlaps every time"
@@ -578,6 +627,7 @@ def judge(trace: Trace, p: Params) -> pd.DataFrame | None:
         k.loc[rows, "expected"] = fill.loc[found, "expected"]
         k.loc[rows, "hi"] = fill.loc[found, "hi"]
         k.loc[rows, "baseline"] = _KIN
+        _signature_baselines(k, p)
     _contention_baselines(k, p)
     # under communication and, for half its time or more, beside compute on another stream: either
     # could have slowed it, and nothing here tells them apart, so it is not judged (see _unjudged)
