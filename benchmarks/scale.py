@@ -144,7 +144,8 @@ with load_trace([sys.argv[1]], cache=None) as job:
     detectors = step("detectors (map)", lambda: map_detectors(one))
     attribution, detectors.findings = step("attribution (map)", lambda: map_attribution(one, DEFAULT_STEP_PATTERN,
                                                                                         detectors.findings))
-    profile = step("diff profile (map)", lambda: profile_part(one, DEFAULT_STEP_PATTERN))
+    # the report hands the profile its attribution part (nsysan.engine.map_file): not mapped twice
+    profile = step("diff profile (map)", lambda: profile_part(one, DEFAULT_STEP_PATTERN, [attribution]))
     result = ExportResult(one.exports[0], overview, detectors.with_export(0), attribution.with_export(0), [profile])
     doc = step("reduce", lambda: reduce_job([result], ranks, [], None))
     step("render JSON", lambda: render_json(doc))

@@ -87,10 +87,11 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from nsysan.arrays import distinct
 from nsysan.detect.common import SeverityParams, grade, run_ns, share_text
 from nsysan.detect.registry import Verdicts, param, register
 from nsysan.findings import Cause, Edit, Finding, Severity
-from nsysan.ingest.frames import unpack_shape
+from nsysan.ingest.frames import per_distinct_text, unpack_shape
 from nsysan.ingest.nccl import NCCL_COLUMNS, NCCL_DOMAIN, is_communication
 from nsysan.ingest.trace import Trace
 from nsysan.intervals import covered_arrays, covered_ns, merge
@@ -471,11 +472,16 @@ def _signature_baselines(k: pd.DataFrame, p: Params) -> None:
     reduction sizes (NERSC's ``strided_dgrad``: 4.9 us clean in the forward pass, 5-52 us in the
     backward one), and a strided elementwise kernel different memory traffic for different strides:
     those stay unjudged. In place, after the kin baselines."""
-    blind = (k["cls"] > 0) & k["expected"].isna()
-    blind &= k["name"].astype(str).str.contains(_SHAPE_FIXES_WORK).to_numpy()
-    if not blind.any():
+    rows = np.flatnonzero(((k["cls"] > 0) & k["expected"].isna()).to_numpy())
+    if not len(rows):
         return
-    fixed = k["clean"] & k["sig"].isin(k.loc[blind, "sig"].unique())
+    # the names matched once each (a 1M-kernel trace has a few hundred), the blind rows only
+    shaped = per_distinct_text(k["name"].iloc[rows], lambda t: t.str.contains(_SHAPE_FIXES_WORK).to_numpy())
+    rows = rows[shaped]
+    if not len(rows):
+        return
+    sig = k["sig"].to_numpy()
+    fixed = k["clean"].to_numpy() & np.isin(sig, distinct(sig[rows]))
     clean = k.loc[fixed, ["export", "device", "sig", "pos", "corrected"]]
     group = clean.groupby(["export", "device", "sig"], observed=True).ngroup().rename("pos")
     stats = _clean_stats(pd.concat([group, clean["corrected"]], axis=1), "corrected")
@@ -487,8 +493,8 @@ def _signature_baselines(k: pd.DataFrame, p: Params) -> None:
         return
     key = pd.concat([clean[["export", "device", "sig"]], group], axis=1).drop_duplicates(["export", "device", "sig"])
     table = key.join(stats[["expected", "hi"]], on="pos").dropna(subset=["expected"])
-    fill = k.loc[blind, ["export", "device", "sig"]].merge(table, on=["export", "device", "sig"], how="left")
-    fill.index = k.index[blind]
+    fill = k.iloc[rows][["export", "device", "sig"]].merge(table, on=["export", "device", "sig"], how="left")
+    fill.index = k.index[rows]
     found = fill["expected"].notna()
     rows = fill.index[found]
     k.loc[rows, "expected"] = fill.loc[found, "expected"].to_numpy()

@@ -69,7 +69,7 @@ def dump_json(doc: Any, default: Callable[[Any], Any] | None = None) -> str:
         if isinstance(x, dict):
             return {k: lift(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
-            if x and all(type(v) in (int, float) for v in x):
+            if x and _NUMBERS.issuperset(map(type, x)):  # types gathered in C: series run to 100k numbers
                 series.append(json.dumps(x))
                 return f"{token}:{len(series) - 1}"
             return [lift(v) for v in x]
@@ -79,6 +79,9 @@ def dump_json(doc: Any, default: Callable[[Any], Any] | None = None) -> str:
     if series:
         text = re.sub(f'"{token}:([0-9]+)"', lambda m: series[int(m[1])], text)
     return text + "\n"
+
+
+_NUMBERS = frozenset((int, float))
 
 
 def _json_text(value: Any) -> str:
