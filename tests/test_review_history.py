@@ -92,6 +92,7 @@ def test_the_review_exports_with_its_thread_as_json_csv_and_markdown(store):
     rows = list(csv.DictReader(io.StringIO(review_export.render(review, "csv"))))
     assert [r["entry"] for r in rows] == ["note", "finding", "event", "event", "comment"]
     assert (rows[1]["status"], rows[1]["assignee"], rows[1]["kind"]) == ("confirmed", "ana", "nccl_ordering_stall")
+    assert rows[1]["recoverable_ns"] == str(f["recoverable_ns"]) and rows[1]["present"] == "True"
     assert (rows[2]["author"], rows[2]["field"], rows[2]["from"], rows[2]["to"]) == (
         "ana",
         "status",
@@ -101,6 +102,7 @@ def test_the_review_exports_with_its_thread_as_json_csv_and_markdown(store):
     assert rows[4]["text"] == 'rank 3, "late", again'
     md = review_export.render(review, "md")
     assert "status: **confirmed**, assignee: ana" in md and "**ana** (" in md
+    assert f"recoverable: {f['recoverable_ns'] / 1e6:.3f} ms" in md
     assert "changed status open -> confirmed" in md and 'rank 3, "late", again' in md
     assert review_export.filename(review, "md") == f"review-{trace_id}-pipeline-stall.md"
     store.comment(f["id"], "eve", '=HYPERLINK("http://evil.example")')  # a formula, to a spreadsheet

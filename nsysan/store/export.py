@@ -14,7 +14,9 @@ from typing import Any
 
 FORMATS = {"json": "application/json", "csv": "text/csv", "md": "text/markdown"}
 CSV_COLUMNS = ("finding_id", "kind", "severity", "rank", "device", "group", "title", "start_ns", "impact_ns",
-               "status", "assignee", "present", "entry", "author", "at", "field", "from", "to", "text")  # fmt: skip
+               "recoverable_ns", "status", "assignee", "present", "entry", "author", "at", "field", "from", "to",
+               "text")  # fmt: skip
+_FINDING_COLUMNS = CSV_COLUMNS[1 : CSV_COLUMNS.index("entry")]  # a finding's own row: kind .. present
 
 
 def render(review: dict[str, Any], fmt: str) -> str:
@@ -47,7 +49,7 @@ def _csv(review: dict[str, Any]) -> str:
     for n in review["notes"]:
         write({"entry": "note", "author": n["author"], "at": n["created_at"], "text": n["body"]})
     for f in review["findings"]:
-        base = {"finding_id": f["id"], **{k: f[k] for k in CSV_COLUMNS[1:12] if k in f}}
+        base = {"finding_id": f["id"], **{k: f[k] for k in _FINDING_COLUMNS if k in f}}
         write(base | {"entry": "finding", "assignee": f["assignee"] or ""})
         for e in f["thread"]:
             row = {"finding_id": f["id"], "entry": e["kind"], "author": e["author"], "at": e["created_at"]}
@@ -77,7 +79,7 @@ def _markdown(review: dict[str, Any]) -> str:
     for f in review["findings"]:
         missing = "" if f.get("present", True) else " (not found in the latest analysis)"
         lines += [f"## #{f['id']} [{f['severity']}] {f['title']}{missing}", "",
-                  f"- kind: {f['kind']}, rank {f['rank']}, GPU {f['device']}",
+                  f"- kind: {f['kind']}, rank {f['rank']}, GPU {f['device']}, {_recoverable(f)}",
                   f"- status: **{f['status']}**, assignee: {f['assignee'] or 'nobody'}", ""]  # fmt: skip
         for e in f["thread"]:
             said = describe(e) if e["kind"] == "event" else e["body"]
@@ -85,6 +87,12 @@ def _markdown(review: dict[str, Any]) -> str:
         if f["thread"]:
             lines.append("")
     return "\n".join(lines)
+
+
+def _recoverable(finding: dict[str, Any]) -> str:
+    """What fixing it would save of the job's wall time (none recorded before report version 2)."""
+    ns = finding.get("recoverable_ns")
+    return "recoverable: not computed" if ns is None else f"recoverable: {ns / 1e6:.3f} ms"
 
 
 def _at(entry: dict[str, Any]) -> str:
