@@ -416,28 +416,36 @@ def evidence_items(data: TimelineData | None, finding: dict[str, Any]) -> list[d
 
     out: list[dict[str, Any]] = []
 
+    def scalar(key: str, value: Any) -> tuple[str, float | None]:
+        """A value's text, and its time on the timeline's clock when it is one."""
+        if key in TIME_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            if data is None:
+                return f"{value / 1e9:.6f} s (the export's clock)", None
+            at = data.ms_since_origin(data.to_job_clock(finding, value))
+            return f"{at:,.3f} ms since first activity", at
+        if key.endswith("_ns") and isinstance(value, int | float) and not isinstance(value, bool):
+            return duration(value), None
+        if key == "share_of_run" and isinstance(value, int | float):
+            return f"{float(value):.1f}% of the run", None
+        if isinstance(value, list):
+            return ", ".join(str(v) for v in value) or "–", None
+        return ("–" if value is None else str(value)), None
+
     def walk(prefix: str, value: Any) -> None:
         if isinstance(value, dict):
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
             return
-        key = prefix.rsplit(".", 1)[-1]
-        item: dict[str, Any] = {"key": prefix, "text": None, "ms": None}
-        if key in TIME_KEYS and isinstance(value, int) and not isinstance(value, bool):
-            if data is not None:
-                at = data.ms_since_origin(data.to_job_clock(finding, value))
-                item["text"], item["ms"] = f"{at:,.3f} ms since first activity", at
-            else:
-                item["text"] = f"{value / 1e9:.6f} s (the export's clock)"
-        elif key.endswith("_ns") and isinstance(value, int | float) and not isinstance(value, bool):
-            item["text"] = duration(value)
-        elif key == "share_of_run" and isinstance(value, int | float):
-            item["text"] = f"{float(value):.1f}% of the run"
-        elif isinstance(value, list):
-            item["text"] = ", ".join(str(v) for v in value) or "–"
-        else:
-            item["text"] = "–" if value is None else str(value)
-        out.append(item)
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            # a list of records (held operations, a cascade): a line each, its fields as above
+            for i, record in enumerate(value):
+                texts = [(k, *scalar(str(k), v)) for k, v in record.items() if not isinstance(v, dict | list)]
+                ms = next((at for _, _, at in texts if at is not None), None)
+                text = " · ".join(f"{k} {t}" for k, t, _ in texts) or "–"
+                out.append({"key": f"{prefix}[{i}]", "text": text, "ms": ms})
+            return
+        text, ms = scalar(prefix.rsplit(".", 1)[-1], value)
+        out.append({"key": prefix, "text": text, "ms": ms})
 
     walk("", finding.get("evidence") or {})
     return out

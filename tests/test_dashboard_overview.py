@@ -131,3 +131,18 @@ def test_after_a_restart_the_timeline_is_built_in_the_background(server, tmp_pat
         assert "Building the timeline" not in str(overview.layout(restarted, trace_id, search=""))
     finally:
         restarted.analysis.shutdown()
+
+
+def test_records_in_the_evidence_read_as_lines_not_python_reprs():
+    """shared_nccl_stream's held_ops (a list of records) was shown as "{'kernel': ...}": a line per
+    record, each field as the other lines show it (durations with units, times on a clock)."""
+    finding = {"evidence": {"held_ops": [
+        {"kernel": "ncclDevKernel_SendRecv", "start_ns": 5_000_000, "lost_ns": 160_000, "behind": "ncclDevKernel_SendRecv"},
+        {"kernel": "ncclDevKernel_AllReduce", "start_ns": 6_000_000, "lost_ns": 2_400_000, "behind": "ncclDevKernel_SendRecv"},
+    ], "participants": [1, 2]}}  # fmt: skip
+    items = {i["key"]: i["text"] for i in evidence_items(None, finding)}
+    assert items["held_ops[1]"] == (
+        "kernel ncclDevKernel_AllReduce · start_ns 0.006000 s (the export's clock) · lost_ns 2.4 ms · "
+        "behind ncclDevKernel_SendRecv"
+    )
+    assert items["participants"] == "1, 2" and not any("{" in t for t in items.values())
