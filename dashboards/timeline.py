@@ -416,12 +416,17 @@ def evidence_items(data: TimelineData | None, finding: dict[str, Any]) -> list[d
 
     out: list[dict[str, Any]] = []
 
-    def scalar(key: str, value: Any) -> tuple[str, float | None]:
-        """A value's text, and its time on the timeline's clock when it is one."""
+    own_rank = finding.get("rank")
+
+    def scalar(name: str, value: Any, rank: Any = own_rank) -> tuple[str, float | None]:
+        """A value's text, and its time on the timeline's clock when it is one (``rank``: whose
+        export's clock it is on)."""
+        # the innermost name that is not a number: "waited_ns.3" (rank 3's wait) is a waited_ns
+        key = next((part for part in reversed(name.split(".")) if not part.isdigit()), name)
         if key in TIME_KEYS and isinstance(value, int) and not isinstance(value, bool):
             if data is None:
                 return f"{value / 1e9:.6f} s (the export's clock)", None
-            at = data.ms_since_origin(data.to_job_clock(finding, value))
+            at = data.ms_since_origin(data.to_job_clock({"rank": rank}, value))
             return f"{at:,.3f} ms since first activity", at
         if key.endswith("_ns") and isinstance(value, int | float) and not isinstance(value, bool):
             return duration(value), None
@@ -437,17 +442,31 @@ def evidence_items(data: TimelineData | None, finding: dict[str, Any]) -> list[d
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
             return
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            # a list of records (held operations, a cascade): a line each, its fields as above
+            # a list of records (held operations, a cascade): a line each, its fields as above, its
+            # times on the clock of the rank it names (a cascade's ops are on other ranks)
             for i, record in enumerate(value):
-                texts = [(k, *scalar(str(k), v)) for k, v in record.items() if not isinstance(v, dict | list)]
+                rank = record.get("rank", finding.get("rank"))
+                texts = [(k, *scalar(k, v, rank)) for k, v in _flat(record).items()]
                 ms = next((at for _, _, at in texts if at is not None), None)
                 text = " · ".join(f"{k} {t}" for k, t, _ in texts) or "–"
                 out.append({"key": f"{prefix}[{i}]", "text": text, "ms": ms})
             return
-        text, ms = scalar(prefix.rsplit(".", 1)[-1], value)
+        text, ms = scalar(prefix, value)
         out.append({"key": prefix, "text": text, "ms": ms})
 
     walk("", finding.get("evidence") or {})
+    return out
+
+
+def _flat(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A record's fields with nested records' fields named ``outer.inner`` (a late rank's per-peer
+    waits), so none is left out of its line."""
+    out: dict[str, Any] = {}
+    for k, v in record.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
     return out
 
 

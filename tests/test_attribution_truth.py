@@ -102,7 +102,7 @@ def test_the_shared_stream_s_cost_is_never_silent_where_communicators_are_not_to
     """TP x DP without payloads (the strict xfail above): what nsysan cannot judge it says. Per
     scenario, the claimed recoverable time plus the unjudged wait nsysan names (steps.unjudged of
     shared_nccl_stream, the rank with the most) is within 30% of what one stream per communicator
-    saves; the unjudged time is never a finding."""
+    saves (the claims and the unjudged wait together neither silent nor doubled)."""
     for s in SEEDS:
         for planted in (True, False):
             r = results["tp_dp_one_stream", s, planted]

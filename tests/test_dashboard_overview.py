@@ -146,3 +146,21 @@ def test_records_in_the_evidence_read_as_lines_not_python_reprs():
         "behind ncclDevKernel_SendRecv"
     )
     assert items["participants"] == "1, 2" and not any("{" in t for t in items.values())
+
+
+def test_a_record_s_times_are_on_the_clock_of_the_rank_it_names_and_no_field_is_dropped():
+    """A cascade's ops are on other ranks: rank 3's op at 1 ms of its export is 6 ms on the job
+    clock when rank 3's export starts 5 ms later than rank 0's. Lists and nested records inside a
+    record (a late rank's participants and per-peer waits) stay on its line."""
+
+    class Clock:  # the timeline's clock alone: rank 0's export at +0, rank 3's at +5 ms
+        rank_offset, origin_ns = {0: 0, 3: 5_000_000}, 0
+        to_job_clock, ms_since_origin = TimelineData.to_job_clock, TimelineData.ms_since_origin
+
+    stall = {"rank": 0, "evidence": {"cascade": [{"rank": 3, "kernel": "k", "start_ns": 1_000_000}]}}
+    (item,) = evidence_items(Clock(), stall)  # type: ignore[arg-type]
+    assert item["ms"] == pytest.approx(6.0) and "6.000 ms since first activity" in item["text"]
+    late = {"rank": 2, "evidence": {"operations": [{"kernel": "k", "participants": [0, 1],
+                                                    "waited_ns": {"0": 250_000, "1": 300_000}}]}}  # fmt: skip
+    (item,) = evidence_items(None, late)
+    assert item["text"] == "kernel k · participants 0, 1 · waited_ns.0 250 us · waited_ns.1 300 us"

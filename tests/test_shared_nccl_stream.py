@@ -10,7 +10,7 @@ import pandas as pd
 
 from nsysan.attribution.comm import Participants
 from nsysan.detect import nccl_ordering_stall
-from nsysan.detect.shared_nccl_stream import Params, blocked
+from nsysan.detect.shared_nccl_stream import Params, _not_judged, blocked
 
 US = 1_000
 
@@ -145,56 +145,53 @@ def test_stalls_behind_a_late_rank_are_left_to_the_ordering_detector_as_it_is_se
     assert blocked(ops, parts, Params(), ordering(min_wait_ns=50 * US)).index.tolist() == [1]
 
 
-def _tp_dp_merged(
-    named: bool = False, first: str = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
-) -> tuple[pd.DataFrame, Participants]:
-    """Four ranks, TP pairs {0, 1} and {2, 3}. First a TP all-reduce per pair (each pair its own
-    set), then a DP all-reduce (A, 1,000-2,000 us) and, queued behind it on every rank, a TP
-    all-reduce (B) whose four kernels all ended together, so program position matched them as one
-    set {0, 1, 2, 3}: the same ranks as A. B was ready at 1,200 us on every rank."""
+AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+
+
+def _tp_dp_merged(named: bool = False, first: str = AR, tp_stream: int = 13) -> tuple[pd.DataFrame, Participants]:
+    """Four ranks, TP pairs {0, 1} and {2, 3}. First two TP all-reduces per pair (ops 0-7, each
+    pair its own set, on ``tp_stream``), then a DP all-reduce (A, ops 8-11, 1,000-2,000 us) and,
+    queued behind it on every rank, a TP all-reduce (B, ops 12-15) whose four kernels all ended
+    together, so program position matched them as one set {0, 1, 2, 3}: the same ranks as A. B
+    was ready at 1,200 us on every rank. ``named``: NCCL's payloads name each op's communicator."""
     rows, group = [], []
-    for r in range(4):
-        rows.append({"rank": r, "start_ns": 500 * US, "end_ns": 550 * US, "ready": 500 * US, "short_name": first})
-        group.append(r // 2)
-    for r in range(4):
-        rows.append(
-            {
-                "rank": r,
-                "start_ns": 1_000 * US,
-                "end_ns": 2_000 * US,
-                "ready": 900 * US,
-                "short_name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-            }
-        )  # A: DP
+    for at in (300, 500):
+        for r in range(4):
+            rows.append(
+                {"rank": r, "start_ns": at * US, "end_ns": (at + 50) * US, "ready": at * US, "short_name": first}
+            )
+            group.append(r // 2 + (at == 500) * 10)
+    for r in range(4):  # A: DP
+        rows.append({"rank": r, "start_ns": 1_000 * US, "end_ns": 2_000 * US, "ready": 900 * US, "short_name": AR})
         group.append(2)
-    for r in range(4):
-        rows.append(
-            {
-                "rank": r,
-                "start_ns": 2_000 * US,
-                "end_ns": 2_050 * US,
-                "ready": 1_200 * US,
-                "short_name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-            }
-        )  # B: merged
+    for r in range(4):  # B: TP, matched as one set
+        rows.append({"rank": r, "start_ns": 2_000 * US, "end_ns": 2_050 * US, "ready": 1_200 * US, "short_name": AR})
         group.append(3)
     ops = _ops(rows)
+    ops.loc[:7, "stream"] = tp_stream
     if named:
-        ops["comm_id"] = pd.array([0, 0, 1, 1, 2, 2, 2, 2, 0, 0, 1, 1], dtype="Int64")
+        ops["comm_id"] = pd.array([0, 0, 1, 1] * 2 + [2] * 4 + [0, 0, 1, 1], dtype="Int64")
     edges = pd.DataFrame({"i": [], "j": []}, dtype="int64")
     return ops, Participants(group=pd.Series(group, dtype="int64"), edges=edges, method="test")
 
 
 def test_ops_of_a_rank_set_that_may_be_several_communicators_are_held_as_ambiguous():
-    """B's set is A's, but it contains the smaller sets its ranks also form: one communicator or
-    TP pairs taken for one? Kept apart (``ambiguous``) for steps.unjudged, never a finding; with
-    payloads naming the communicators it is judged (B's is not A's)."""
+    """B's set is A's, but on their stream its ranks also run the same kernel in smaller sets: one
+    communicator, or TP pairs taken for one? Kept apart (``ambiguous``) for steps.unjudged, never
+    a finding; with payloads naming the communicators it is judged (B's is not A's)."""
     held = blocked(*_tp_dp_merged(), Params())
-    assert held.index.tolist() == [8, 9, 10, 11]
+    assert held.index.tolist() == [12, 13, 14, 15]
     assert held["ambiguous"].tolist() == [True] * 4
     assert held["lost"].tolist() == [800 * US] * 4  # from 1,200 (all ready) to 2,000
     named = blocked(*_tp_dp_merged(named=True), Params())
-    assert named.index.tolist() == [8, 9, 10, 11] and not named["ambiguous"].any()
+    assert named.index.tolist() == [12, 13, 14, 15] and not named["ambiguous"].any()
+
+
+def test_one_named_communicator_behind_itself_is_neither_judged_nor_ambiguous():
+    """Payloads say B is A's communicator: NCCL orders them anyway, whatever smaller sets exist."""
+    ops, parts = _tp_dp_merged(named=True)
+    ops["comm_id"] = pd.array([0, 0, 1, 1] * 2 + [2] * 8, dtype="Int64")
+    assert blocked(ops, parts, Params()).empty
 
 
 def test_one_set_of_ranks_queued_behind_itself_is_neither_judged_nor_ambiguous():
@@ -202,12 +199,31 @@ def test_one_set_of_ranks_queued_behind_itself_is_neither_judged_nor_ambiguous()
     is one communicator's order (NCCL's), not a shared stream, and not a doubt either."""
     ops, parts = _tp_dp_merged()
     first = parts.group.copy()
-    first.iloc[:4] = 4  # the first all-reduce over all four ranks too
+    first.iloc[:8] = 4  # the first all-reduces over all four ranks too
     assert blocked(ops, Participants(group=first, edges=parts.edges, method="test"), Params()).empty
 
 
-def test_smaller_sets_of_another_kernel_raise_no_doubt():
-    """A pipeline's sends and receives between pairs of stages, then two all-reduces over all the
-    ranks, the second queued behind the first (the bundled pipeline-stall): the pairs run another
-    kernel, so the all-reduces' set is not doubtful, and one set behind itself is not reported."""
+def test_smaller_sets_elsewhere_raise_no_doubt():
+    """The smaller sets must run B's kernel, on B's stream, more than once: not a pipeline's sends
+    and receives beside two world all-reduces (the bundled pipeline-stall), not a subgroup on a
+    stream of its own (PyTorch gives each process group one), not one op matched without a rank
+    that joined the capture late."""
     assert blocked(*_tp_dp_merged(first="ncclDevKernel_SendRecv"), Params()).empty
+    assert blocked(*_tp_dp_merged(tp_stream=14), Params()).empty
+    ops, parts = _tp_dp_merged()
+    late = parts.group.copy()
+    late.iloc[:8] = [4, 4, 4, -1, 5, 5, 5, 5]  # rank 3's first op unmatched: {0, 1, 2} once
+    assert blocked(ops, Participants(group=late, edges=parts.edges, method="test"), Params()).empty
+
+
+def test_waits_of_doubtful_ops_queued_one_behind_the_other_count_once():
+    """Two held ops on one stream of rank 0, the second queued behind the first: their waits
+    overlap, and the time not judged is their union (1,200 to 2,100 us), not the sum."""
+    ops, _ = _tp_dp_merged()
+    held = pd.DataFrame({"a": [8, 12], "free_at": [1_200 * US, 1_300 * US], "lost": [800 * US, 800 * US],
+                         "ambiguous": [True, True]}, index=[12, 16])  # fmt: skip
+    extra = ops.iloc[[12]].assign(start_ns=2_100 * US, end_ns=2_150 * US, a_start=2_100 * US, a_end=2_150 * US)
+    ops = pd.concat([ops, extra], ignore_index=True)
+    (entry,) = _not_judged(ops, held)
+    assert (entry["detector"], entry["rank"], entry["ns"]) == ("shared_nccl_stream", 0, 900 * US)
+    assert entry["why"].startswith("2 NCCL operations")

@@ -66,7 +66,7 @@ Blind spots
 -----------
 A position with no clean instance (communication always overlaps it, as a DDP bucket may) falls
 back to the same kernel's clean instances at other ordinals of its NVTX path, then (kernels whose
-launch shape fixes their work only) under other paths, then to the rank's contention factor;
+launch shape fixes their work only) at any other position, then to the rank's contention factor;
 where none applies it is not judged; nor are kernels whose clean instances disagree. Without NVTX, kernels
 of one signature doing different work are pooled; the spread check then usually refuses them.
 An instance under communication that compute on another stream (or a graph node beside it) also
@@ -463,8 +463,9 @@ _SHAPE_FIXES_WORK = r"nchwToNhwc|nhwcToNchw|vectorized_elementwise_kernel|unroll
 
 def _signature_baselines(k: pd.DataFrame, p: Params) -> None:
     """Baselines for positions communication overlaps every time, from the same kernel's clean
-    instances under other NVTX paths of its device (a layout transform that runs clean in the
-    forward pass and under NCCL in the backward one; NERSC's DDP ``nchwToNhwcKernel``).
+    instances at the other program positions of its device, whatever their NVTX path (a layout
+    transform that runs clean in the forward pass and under NCCL in the backward one, launched by
+    autograd's thread outside any range; NERSC's DDP ``nchwToNhwcKernel``).
 
     Only for kernels whose launch shape fixes their work (:data:`_SHAPE_FIXES_WORK`), and only
     where the signature's clean instances come from at least two program positions and agree within
@@ -514,8 +515,8 @@ def _baseline_text(first: pd.Series) -> str:
         return ("clean instances of the same kernel (name, grid, block, NVTX path) elsewhere in the step: "
                 "communication overlaps this position every time")  # fmt: skip
     if first["baseline"] == _SIGNATURE:
-        return ("clean instances of the same kernel (name, grid, block) under other NVTX ranges, at two or more "
-                "program positions that agree: communication overlaps this position every time")  # fmt: skip
+        return ("clean instances of the same kernel (name, grid, block) at two or more other program positions "
+                "that agree (its launch shape fixes its work): communication overlaps this position every time")  # fmt: skip
     return (
         f"the rank's contention factor {float(first['contention']):.2f} under NCCL, measured on kernels NCCL "
         "overlapped for varying shares of their time, applied to this position, which NCCL overlaps every time"

@@ -104,29 +104,37 @@ def _merged_ranks(
 ) -> np.ndarray:
     """Per op in ``b`` (held behind an op of its own rank set), whether that rank set may be
     several communicators taken for one: its participants came from program position (no payload
-    names its communicator) and its rank also runs the same kernel with a smaller set of ranks inside
-    it (the tensor-parallel pairs of TP x DP, whose all-reduces end together when they all waited
-    behind a data-parallel one; a pipeline's sends and receives do not make its world all-reduce
-    doubtful). Then B and the op ahead of it may be one communicator (NCCL orders them
-    anyway) or several sharing a stream, and nothing in the timing tells which."""
+    names its communicator) and, on its stream, its rank runs the same kernel with a smaller set of
+    ranks inside it, in two operations or more (the tensor-parallel pairs of TP x DP, whose
+    all-reduces end together when they all waited behind a data-parallel one). Not a pipeline's
+    sends and receives beside its world all-reduce (another kernel), nor a subgroup on a stream of
+    its own (PyTorch gives each process group one: not what position merged into B), nor one op
+    matched without a rank that joined the capture late. Then B and the op ahead of it may be one
+    communicator (NCCL orders them anyway) or several sharing a stream, and nothing in the timing
+    tells which."""
     rank = ops["rank"].to_numpy()
+    stream = ops["stream"].to_numpy()
     unnamed = ops["comm_id"].isna().to_numpy() if "comm_id" in ops else np.ones(len(ops), dtype=bool)
     known = np.flatnonzero(parts.matched())
     first = pd.Series(known).groupby(signature[known]).first()  # one op per rank set
     members = parts.ranks_of(ops, first.to_numpy())
     set_of = {int(s): frozenset([int(rank[i]), *members[int(i)]])
               for s, i in zip(first.index.tolist(), first.tolist(), strict=True)}  # fmt: skip
-    name = ops["short_name"].astype(str).to_numpy()
-    sets_of: dict[tuple[int, str], list[frozenset[int]]] = {}
-    pairs = pd.DataFrame({"rank": rank[known], "name": name[known], "sig": signature[known]}).drop_duplicates()
-    for r, n, sig in zip(pairs["rank"].tolist(), pairs["name"].tolist(), pairs["sig"].tolist(), strict=True):
-        sets_of.setdefault((int(r), n), []).append(set_of[int(sig)])  # distinct (rank, kernel, set): few
+    name, _ = pd.factorize(ops["short_name"])
+    seen = pd.DataFrame({"rank": rank[known], "stream": stream[known], "name": name[known], "sig": signature[known]})
+    seen = seen.groupby(list(seen.columns)).size().rename("count").reset_index()
+    seen = seen[seen["count"] >= 2]
+    sets_of: dict[tuple[int, int, int], list[frozenset[int]]] = {}
+    columns = (seen[c].tolist() for c in ("rank", "stream", "name", "sig"))
+    for r, st, n, sig in zip(*columns, strict=True):  # distinct (rank, stream, kernel, set): few
+        sets_of.setdefault((int(r), int(st), int(n)), []).append(set_of[int(sig)])
     out = np.zeros(len(b), dtype=bool)
     for k, i in enumerate(b):  # held ops only (a few per step)
         mine = set_of.get(int(signature[i]))
         if mine is None or not unnamed[i]:
             continue
-        out[k] = any(len(other) >= 2 and other < mine for other in sets_of.get((int(rank[i]), name[i]), []))
+        here = sets_of.get((int(rank[i]), int(stream[i]), int(name[i])), [])
+        out[k] = any(len(other) >= 2 and other < mine for other in here)
     return out
 
 
