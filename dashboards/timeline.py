@@ -445,7 +445,7 @@ def evidence_items(data: TimelineData | None, finding: dict[str, Any]) -> list[d
             # a list of records (held operations, a cascade): a line each, its fields as above, its
             # times on the clock of the rank it names (a cascade's ops are on other ranks)
             for i, record in enumerate(value):
-                rank = record.get("rank", finding.get("rank"))
+                rank = record.get("rank", own_rank)
                 texts = [(k, *scalar(k, v, rank)) for k, v in _flat(record).items()]
                 ms = next((at for _, _, at in texts if at is not None), None)
                 text = " · ".join(f"{k} {t}" for k, t, _ in texts) or "–"

@@ -16,6 +16,7 @@ from nsysan.findings import Finding, Severity
 from nsysan.ingest.export import NsysExport
 from nsysan.ingest.frames import read_frame
 from nsysan.ingest.trace import Trace
+from nsysan.intervals import merge
 
 
 @dataclass(frozen=True)
@@ -128,3 +129,24 @@ def step_episodes(breakdown: pd.DataFrame, amount: np.ndarray, min_ns: float, mi
     run = step_runs(breakdown, flag)
     b = breakdown.assign(amount=amount, run=run.to_numpy())
     return [g for _, g in b[b["run"] >= 0].groupby("run", sort=True)]
+
+
+def unjudged_waits(
+    detector: str, rank: np.ndarray, stream: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
+    why: Callable[[int], str],
+) -> list[dict[str, object]]:  # fmt: skip
+    """Per rank, how long queued NCCL operations waited where a detector cannot judge why, as
+    ``steps.unjudged`` entries (``why(count)`` says why, for that rank's count of operations).
+
+    Operations queued one behind another on a stream wait through the same time: the union per
+    (rank, stream) is counted, not the sum."""
+    waits = pd.DataFrame({"rank": rank, "stream": stream, "start_ns": start_ns, "end_ns": end_ns})
+    merged = merge(waits, ["rank", "stream"])
+    total = (merged["end_ns"] - merged["start_ns"]).groupby(merged["rank"]).sum()
+    count = waits.groupby("rank").size()
+    return [{"detector": detector, "rank": int(r), "ns": int(total[r]), "why": why(int(count[r]))} for r in total.index]
+
+
+def operations(count: int) -> str:
+    """The count in words, singular or plural: the reasons above are read as sentences."""
+    return f"{count} NCCL operation{'s' if count > 1 else ''}"

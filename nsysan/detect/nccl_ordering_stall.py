@@ -39,12 +39,11 @@ import numpy as np
 import pandas as pd
 
 from nsysan.attribution import comm as comm_table
-from nsysan.detect.common import SeverityParams, as_int, as_optional_int, share_text
+from nsysan.detect.common import SeverityParams, as_int, as_optional_int, operations, share_text, unjudged_waits
 from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.nccl import same_as_previous
 from nsysan.ingest.trace import Trace
-from nsysan.intervals import merge
 from nsysan.memory import release_freed_memory
 
 KIND = "nccl_ordering_stall"
@@ -209,20 +208,12 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
     st = stalls(ops, parts, p, blind)
     unknown, ready_at, started_at = blind
     if len(unknown):
-        # ops queued one behind the other wait through the same time: the union per stream, not the sum
-        waits = pd.DataFrame({"rank": ops["rank"].to_numpy()[unknown], "stream": ops["stream"].to_numpy()[unknown],
-                              "start_ns": ready_at, "end_ns": started_at})  # fmt: skip
-        merged = merge(waits, ["rank", "stream"])
-        per = pd.DataFrame({"sum": (merged["end_ns"] - merged["start_ns"]).groupby(merged["rank"]).sum(),
-                            "size": waits.groupby("rank").size()})  # fmt: skip
-        job.unjudged.extend(
-            {"detector": KIND, "rank": int(r), "ns": int(row["sum"]),  # type: ignore[call-overload]
-             "why": f"{int(row['size'])} NCCL operation{'s' if int(row['size']) > 1 else ''} ready well before the operation ahead of them on their "
-                    "stream ended, where that operation's or their own participants were not matched on another "
-                    "rank (no NCCL payloads and no agreeing program position): whether they stalled behind a late "
-                    "rank is not judged (up to this long)"}
-            for r, row in per.iterrows()
-        )  # fmt: skip
+        job.unjudged.extend(unjudged_waits(
+            KIND, ops["rank"].to_numpy()[unknown], ops["stream"].to_numpy()[unknown], ready_at, started_at,
+            lambda count: f"{operations(count)} ready well before the operation ahead of them on their stream ended, "
+            "where that operation's or their own participants were not matched on another rank (no NCCL payloads "
+            "and no agreeing program position): whether they stalled behind a late rank is not judged (up to this "
+            "long)"))  # fmt: skip
     heads = st.index[st["parent"] < 0].to_numpy()
     links = st[st["parent"] >= 0]
     chain_of = {as_int(r): [int(c) for c in g.index] for r, g in links.groupby("root")}  # one entry per episode

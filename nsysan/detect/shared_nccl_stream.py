@@ -48,11 +48,10 @@ import pandas as pd
 
 from nsysan.attribution import comm as comm_table
 from nsysan.detect import nccl_ordering_stall as ordering
-from nsysan.detect.common import SeverityParams, as_int, as_optional_int, share_text
+from nsysan.detect.common import SeverityParams, as_int, as_optional_int, operations, share_text, unjudged_waits
 from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.trace import Trace
-from nsysan.intervals import merge
 
 KIND = "shared_nccl_stream"
 _EVIDENCE_OPS = 20  # held operations listed in a finding's evidence, the longest waits first
@@ -95,8 +94,9 @@ def blocked(
     same = held & ~ok
     if same.any():
         same[same] = _merged_ranks(ops, parts, signature, b[same])
-    return pd.DataFrame({"a": ab[ok | same], "free_at": free_at[ok | same], "lost": lost[ok | same],
-                         "ambiguous": same[ok | same]}, index=b[ok | same])  # fmt: skip
+    kept = ok | same
+    return pd.DataFrame({"a": ab[kept], "free_at": free_at[kept], "lost": lost[kept], "ambiguous": same[kept]},
+                        index=b[kept])  # fmt: skip
 
 
 def _merged_ranks(
@@ -166,23 +166,15 @@ def reduce(tables: dict[str, pd.DataFrame], job: JobFacts, p: Params) -> list[tu
 
 
 def _not_judged(ops: pd.DataFrame, held: pd.DataFrame) -> list[dict[str, object]]:
-    """Per rank, the time held ops of :func:`_merged_ranks` waited (the union per stream: ops
-    queued one behind the other wait through the same time), as ``steps.unjudged`` entries."""
+    """The time held ops of :func:`_merged_ranks` waited, per rank, as ``steps.unjudged`` entries."""
     rows = held.index.to_numpy()
-    waits = pd.DataFrame({"rank": ops["rank"].to_numpy()[rows], "stream": ops["stream"].to_numpy()[rows],
-                          "start_ns": held["free_at"].to_numpy(dtype=np.int64),
-                          "end_ns": ops["a_start"].to_numpy()[rows].astype(np.int64)})  # fmt: skip
-    merged = merge(waits, ["rank", "stream"])
-    total = (merged["end_ns"] - merged["start_ns"]).groupby(merged["rank"]).sum()
-    count = waits.groupby("rank").size()
-    return [
-        {"detector": KIND, "rank": int(r), "ns": int(total[r]),
-         "why": f"{int(count[r])} NCCL operation{'s' if int(count[r]) > 1 else ''} ready, with ready peers, waited "
-                "behind an operation of the same ranks on their stream; without NCCL's payloads the ranks were "
-                "matched by program position, and the same kernel also runs in smaller sets of them, so whether these are one "
-                "communicator (ordered by NCCL anyway) or several sharing the stream is not judged (up to this long)"}
-        for r in total.index
-    ]  # fmt: skip
+    return unjudged_waits(
+        KIND, ops["rank"].to_numpy()[rows], ops["stream"].to_numpy()[rows], held["free_at"].to_numpy(dtype=np.int64),
+        ops["a_start"].to_numpy()[rows].astype(np.int64),
+        lambda count: f"{operations(count)} ready, with ready peers, waited behind an operation of the same ranks on "
+        "their stream; without NCCL's payloads the ranks were matched by program position, and the same kernel "
+        "also runs in smaller sets of them, so whether these are one communicator (ordered by NCCL anyway) or "
+        "several sharing the stream is not judged (up to this long)")  # fmt: skip
 
 
 def _finding(ops: pd.DataFrame, e: pd.DataFrame, participants_of: dict[int, list[int]],
