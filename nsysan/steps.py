@@ -223,7 +223,9 @@ def _period(codes: np.ndarray) -> int | None:
     for c in range(1, _MAX_REPEATS_PER_PERIOD + 1):  # a kernel run c times per period recurs c positions later
         same = sorted_codes[c:] == sorted_codes[:-c]
         spans.append((order[c:] - order[:-c])[same])
-    values, counts = np.unique(np.concatenate(spans), return_counts=True)
+    counts = np.bincount(np.concatenate(spans), minlength=1)  # spans are 1..n-1: counted, not sorted
+    values = np.flatnonzero(counts)
+    counts = counts[values]
     keep = (values >= 2) & (values * 3 <= n)
     best = values[keep][np.argsort(-counts[keep], kind="stable")][:_CANDIDATE_PERIODS]
     for p in np.sort(best):

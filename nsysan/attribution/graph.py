@@ -84,14 +84,18 @@ def _fit(s: np.ndarray, bases: list[np.ndarray], natural: list[float | np.ndarra
     ``s`` pulled back to it, so that max(base + weight) == s wherever a constraint exists."""
     weights = [np.where(np.isfinite(b), np.broadcast_to(np.asarray(n, dtype=np.float64), b.shape), -np.inf)
                for b, n in zip(bases, natural, strict=True)]  # fmt: skip
-    values = np.stack([b + w for b, w in zip(bases, weights, strict=True)])
-    top = np.argmax(values, axis=0)
-    best = values.max(axis=0)
+    values = [b + w for b, w in zip(bases, weights, strict=True)]
+    best, top = values[0].copy(), np.zeros(len(s), dtype=np.int8)  # the first binding constraint on ties
+    for c in range(1, len(values)):
+        later = values[c] > best
+        best[later] = values[c][later]
+        top[later] = c
     gap = s - best
+    grows = np.isfinite(best) & (gap > 0)
     for c, w in enumerate(weights):
-        over = np.isfinite(bases[c]) & (bases[c] + w > s)
+        over = np.isfinite(bases[c]) & (values[c] > s)
         w[over] = (s - bases[c])[over]
-        add = np.isfinite(best) & (gap > 0) & (top == c)
+        add = grows & (top == c)
         w[add] += gap[add]
     return weights
 
@@ -251,13 +255,16 @@ def build_part(
         gs_op = np.where(np.isfinite(gs), gs, 0.0)
         cand = lnch[launched_ops] + gl[launched_ops] + np.where(is_comm_seg[seg[launched_ops]], 0.0,
                                                                 q_chain[launched_ops] - gs_op[launched_ops])  # fmt: skip
-        frame = pd.DataFrame({"seg": seg[launched_ops], "pid": pid[launched_ops], "tid": tid[launched_ops],
-                              "epoch": epoch[launched_ops], "cand": cand})  # fmt: skip
-        best = frame.sort_values("cand", kind="stable").drop_duplicates("seg", keep="last")
+        # per segment, its latest candidate (the last in a stable sort by candidate), in that order
+        by_cand = np.argsort(cand, kind="stable")
+        seg_by_cand = seg[launched_ops][by_cand]
+        _, last_reversed = np.unique(seg_by_cand[::-1], return_index=True)
+        pick = by_cand[np.sort(len(by_cand) - 1 - last_reversed)]
+        best, best_cand = launched_ops[pick], cand[pick]
         src = np.array([epoch_node.get((int(a), int(b), int(c)), NONE) if c > 0 else NONE
-                        for a, b, c in zip(best["pid"], best["tid"], best["epoch"], strict=True)], dtype=np.int64)  # fmt: skip
+                        for a, b, c in zip(pid[best], tid[best], epoch[best], strict=True)], dtype=np.int64)  # fmt: skip
         origin = np.where(src >= 0, nodes["time_ns"].to_numpy()[np.maximum(src, 0)], 0).astype(np.float64)
-        edge_frames.append(_edges(src, into[best["seg"].to_numpy()], best["cand"].to_numpy() - origin, EDGE["launch"]))
+        edge_frames.append(_edges(src, into[seg[best]], best_cand - origin, EDGE["launch"]))
     # event
     has_ev = producer[head] >= 0
     gs_head = np.where(np.isfinite(gs[head]), gs[head], 0.0)

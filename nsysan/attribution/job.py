@@ -105,8 +105,8 @@ class JobAttribution:
         at = (
             np.concatenate([r for r in rows if r is not None]) if any(r is not None for r in rows) else np.empty(0, int)
         )
-        gaps = self.gaps.iloc[np.sort(at)]
-        return gaps[np.isin(gaps["step"].to_numpy(), steps)]
+        at = np.sort(at)
+        return self.gaps.iloc[at[np.isin(self.gaps["step"].to_numpy()[at], steps)]]
 
     def host_catch_up(self, rank: int, steps: np.ndarray, causes: list[int]) -> tuple[Edit, ...]:
         """Edits for a host that lost no time to ``causes`` (indexes of IDLE_CAUSES) in ``steps`` of

@@ -124,6 +124,7 @@ def stretches(att: JobAttribution) -> pd.DataFrame:
     times = att.graph.job_times() if att.graph is not None else np.empty(0)
     nodes = att.graph.nodes if att.graph is not None else None
     gaps = att.gaps
+    host_caused = gaps["cause"].isin([IDLE_CAUSES.index(x) for x in HOST_CAUSES]).to_numpy() if len(gaps) else None
     for rank, w in att.windows.groupby("rank"):
         mine = np.flatnonzero(rank_of == rank)
         if not len(mine):
@@ -152,8 +153,8 @@ def stretches(att: JobAttribution) -> pd.DataFrame:
                 upto = cum[np.searchsorted(t, arrive[rows], side="right")]
                 since = cum[np.searchsorted(t, begin[rows], side="right")]
                 out.loc[rows, metric] = upto - since
-        if len(gaps):
-            host = (gaps["rank"].to_numpy() == rank) & gaps["cause"].isin([IDLE_CAUSES.index(x) for x in HOST_CAUSES])
+        if host_caused is not None:
+            host = (gaps["rank"].to_numpy() == rank) & host_caused
             if host.any():
                 off = np.asarray(att.clock.offsets, dtype=np.int64)[gaps["export"].to_numpy(dtype=np.int64)[host]]
                 lo, hi = union_arrays(gaps["start_ns"].to_numpy()[host] + off, gaps["end_ns"].to_numpy()[host] + off)

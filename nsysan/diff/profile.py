@@ -60,7 +60,9 @@ def _kernels(trace: Trace) -> pd.DataFrame:
         [f"grid {_grid(g)} block {_block(b)}" for g, b in zip(first["grid"], first["block"], strict=True)], dtype=object
     )
     labels = first["name"].to_numpy(dtype=object) + " | " + shapes
-    return k.assign(signature=pd.Categorical.from_codes(codes, categories=pd.Index(labels)), shape=shapes[codes])
+    shape_codes, distinct_shapes = pd.factorize(shapes)  # names differ where shapes do not
+    return k.assign(signature=pd.Categorical.from_codes(codes, categories=pd.Index(labels)),
+                    shape=pd.Categorical.from_codes(shape_codes[codes], categories=distinct_shapes))  # fmt: skip
 
 
 def kernel_table(k: pd.DataFrame) -> list[dict[str, Any]]:
