@@ -89,20 +89,10 @@ def covered_ns(starts: np.ndarray, ends: np.ndarray, merged: pd.DataFrame) -> np
     Coverage up to time t is a running sum over the merged intervals, so each query costs two
     binary searches: O((n + m) log m), no loop over rows.
     """
-    if merged.empty or len(starts) == 0:
+    if merged.empty:
         return np.zeros(len(starts), dtype=np.int64)
-    lo = merged["start_ns"].to_numpy(dtype=np.int64)
-    hi = merged["end_ns"].to_numpy(dtype=np.int64)
-    before = np.concatenate([[0], np.cumsum(hi - lo)])  # covered length of intervals [0, i)
-
-    def coverage(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(lo, t, side="right")  # intervals starting at or before t
-        partial = np.where(
-            i > 0, np.clip(t - lo[np.maximum(i - 1, 0)], 0, hi[np.maximum(i - 1, 0)] - lo[np.maximum(i - 1, 0)]), 0
-        )
-        return before[np.maximum(i - 1, 0)] * (i > 0) + partial
-
-    return coverage(np.asarray(ends, dtype=np.int64)) - coverage(np.asarray(starts, dtype=np.int64))
+    return covered_arrays(starts, ends, merged["start_ns"].to_numpy(dtype=np.int64),
+                          merged["end_ns"].to_numpy(dtype=np.int64))  # fmt: skip
 
 
 # -- one timeline as plain arrays -----------------------------------------------------------------

@@ -71,6 +71,7 @@ class JobAttribution:
     gaps: pd.DataFrame = field(default_factory=pd.DataFrame)  # idle gaps: rank, step, start/end, cause, node
     _gap_index: dict[Any, np.ndarray] | None = field(default=None, repr=False, compare=False)
     _by_group: tuple[np.ndarray, ...] | None = field(default=None, repr=False, compare=False)
+    _host_links: tuple[np.ndarray, pd.Series] | None = field(default=None, repr=False, compare=False)
 
     @property
     def wall_ns(self) -> int:
@@ -101,12 +102,13 @@ class JobAttribution:
             g = self.gaps
             index = g.groupby([g["rank"].to_numpy(), g["cause"].to_numpy()]).indices if len(g) else {}
             self._gap_index = {k: np.asarray(v) for k, v in index.items()}
-        rows = [self._gap_index.get((rank, c)) for c in causes]
-        at = (
-            np.concatenate([r for r in rows if r is not None]) if any(r is not None for r in rows) else np.empty(0, int)
-        )
-        at = np.sort(at)
-        return self.gaps.iloc[at[np.isin(self.gaps["step"].to_numpy()[at], steps)]]
+        found = [r for r in (self._gap_index.get((rank, c)) for c in causes) if r is not None]
+        at = found[0] if len(found) == 1 else np.sort(np.concatenate(found)) if found else np.empty(0, int)
+        step = self.gaps["step"].to_numpy()[at]
+        wanted = np.zeros(int(max(step.max(initial=-1), np.max(steps, initial=-1))) + 2, dtype=bool)
+        wanted[np.asarray(steps, dtype=np.int64)] = True  # step numbers are >= 0, or -1 (the last slot)
+        picked: pd.DataFrame = self.gaps.iloc[at[wanted[step]]]
+        return picked
 
     def host_catch_up(self, rank: int, steps: np.ndarray, causes: list[int]) -> tuple[Edit, ...]:
         """Edits for a host that lost no time to ``causes`` (indexes of IDLE_CAUSES) in ``steps`` of
@@ -119,11 +121,7 @@ class JobAttribution:
         gaps = gaps[gaps["node"].to_numpy() >= 0]
         if gaps.empty:
             return ()
-        topo, edges = self.graph.topo, self.graph.edges
-        kind = edges["kind"].to_numpy()
-        launch_src = np.full(topo.n, -1, dtype=np.int64)  # per node, where its launch edge comes from
-        rows = np.flatnonzero(kind == EDGE["launch"])
-        launch_src[topo.dst[rows]] = topo.src[rows]
+        launch_src, nxt = self._host_edges()
         times = self.graph.job_times()
         off = np.asarray(self.clock.offsets, dtype=np.int64)[gaps["export"].to_numpy(dtype=np.int64)]
         lost = pd.DataFrame({"epoch": launch_src[gaps["node"].to_numpy(dtype=np.int64)],
@@ -147,15 +145,26 @@ class JobAttribution:
                               amounts=tuple(np.asarray(shift[keep], dtype=np.float64).tolist())))  # fmt: skip
         # the next blocking call of each epoch with lost time: the host got there that much sooner
         per_epoch = lost.groupby("epoch")["ns"].sum()
-        host_rows = np.flatnonzero(kind == EDGE["host"])
-        nxt = pd.Series(topo.dst[host_rows], index=topo.src[host_rows])
-        nxt = nxt[~nxt.index.duplicated()]
         calls = nxt.reindex(per_epoch.index.to_numpy()).to_numpy()
         ok = ~np.isnan(calls)
         if ok.any():
             edits.append(Edit("earlier_host", nodes=tuple(np.asarray(calls[ok], dtype=np.int64).tolist()),
                               amounts=tuple(np.asarray(per_epoch.to_numpy()[ok], dtype=np.float64).tolist())))  # fmt: skip
         return tuple(edits)
+
+    def _host_edges(self) -> tuple[np.ndarray, pd.Series]:
+        """Per node, the source of its launch edge (-1: none), and per epoch node, the blocking call
+        its host edge leads to: built once, every host-side finding's edits read them."""
+        if self._host_links is None:
+            assert self.graph is not None
+            topo, kind = self.graph.topo, self.graph.edges["kind"].to_numpy()
+            launch_src = np.full(topo.n, -1, dtype=np.int64)
+            rows = np.flatnonzero(kind == EDGE["launch"])
+            launch_src[topo.dst[rows]] = topo.src[rows]
+            host_rows = np.flatnonzero(kind == EDGE["host"])
+            nxt = pd.Series(topo.dst[host_rows], index=topo.src[host_rows])
+            self._host_links = (launch_src, nxt[~nxt.index.duplicated()])
+        return self._host_links
 
     def host_unblock(self, rank: int, steps: np.ndarray, causes: list[int]) -> tuple[Edit, ...]:
         """Edits for a host that never blocked where ``rank``'s GPU idled for ``causes`` (a

@@ -94,7 +94,7 @@ from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.frames import per_distinct_text, unpack_shape
 from nsysan.ingest.nccl import NCCL_COLUMNS, NCCL_DOMAIN, is_communication
 from nsysan.ingest.trace import Trace
-from nsysan.intervals import covered_arrays, covered_ns, merge
+from nsysan.intervals import covered_arrays, union_arrays
 
 KIND = "comm_compute_slowdown"
 CLASSES = ("NCCL kernel", "peer copy", "host copy")  # bit i of an instance's class mask
@@ -166,7 +166,8 @@ def _coverage(compute: pd.DataFrame, comm: pd.DataFrame) -> np.ndarray:
         export, device, cls = cast(tuple[int, int, int], key)
         idx = where.get((export, device))
         if idx is not None:
-            covered[idx, cls] = covered_ns(starts[idx], ends[idx], merge(g, ["export", "device"]))
+            lo, hi = union_arrays(g["start_ns"].to_numpy(), g["end_ns"].to_numpy())
+            covered[idx, cls] = covered_arrays(starts[idx], ends[idx], lo, hi)
     return covered
 
 
@@ -384,17 +385,32 @@ def _clock_factors(k: pd.DataFrame, p: Params, expected: pd.Series) -> pd.Series
     position) over the step's clean kernels (as robust as the median, half its noise under jitter);
     1 where the step has too few of them or they disagree."""
     clean = k.loc[k["clean"], ["dur", "pos", "stepkey"]]  # the columns only: k is wide
-    ratio = (clean["dur"] / clean["pos"].map(expected)).dropna()
+    ratio = (clean["dur"] / _lookup(expected, clean["pos"].to_numpy())).dropna()
     step = clean.loc[ratio.index, "stepkey"]
     g = ratio.groupby(step)
     lower, upper = g.quantile(0.25), g.quantile(0.75)
-    q1, q3 = step.map(lower), step.map(upper)
-    factor = ratio[(ratio >= q1) & (ratio <= q3)].groupby(step).mean()
+    steps = step.to_numpy()
+    inside = (ratio.to_numpy() >= _lookup(lower, steps)) & (ratio.to_numpy() <= _lookup(upper, steps))
+    factor = ratio[inside].groupby(step[inside]).mean()
     spread = (upper - lower) / g.median()
     # a clock cap slows every kernel of the step alike; ratios that disagree are data, not clocks
     trusted = (g.size() >= p.clock_kernels) & (spread <= p.baseline_spread) & ((factor - 1).abs() > p.clock_tolerance)
     factor = factor.where(trusted, 1.0)
-    return k["stepkey"].map(factor).fillna(1.0)
+    by_step = _lookup(factor, k["stepkey"].to_numpy())
+    return pd.Series(np.where(np.isnan(by_step), 1.0, by_step), index=k.index)
+
+
+def _lookup(values: pd.Series, keys: np.ndarray) -> np.ndarray:
+    """``values`` (indexed by non-negative ints: positions, steps) at ``keys`` as float64, NaN
+    where it has none: ``Series.map`` through a dense array, a million keys in one take."""
+    if len(keys) and keys.min() < 0:  # not a position or a step number: mapped the general way
+        mapped: np.ndarray = pd.Series(keys).map(values).to_numpy(dtype=np.float64)
+        return mapped
+    top = int(max(values.index.max() if len(values) else -1, keys.max() if len(keys) else -1)) + 1
+    dense = np.full(top, np.nan)
+    dense[values.index.to_numpy(dtype=np.int64)] = values.to_numpy(dtype=np.float64)
+    out: np.ndarray = dense[keys]
+    return out
 
 
 _GRID = np.linspace(0.0, 0.8, 81)  # share of speed lost under NCCL: 1 - 1 / contention factor

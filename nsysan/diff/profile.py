@@ -62,7 +62,7 @@ def _kernels(trace: Trace) -> pd.DataFrame:
     labels = first["name"].to_numpy(dtype=object) + " | " + shapes
     shape_codes, distinct_shapes = pd.factorize(shapes)  # names differ where shapes do not
     return k.assign(signature=pd.Categorical.from_codes(codes, categories=pd.Index(labels)),
-                    shape=pd.Categorical.from_codes(shape_codes[codes], categories=distinct_shapes))  # fmt: skip
+                    shape=pd.Categorical.from_codes(shape_codes[codes], categories=pd.Index(distinct_shapes)))  # fmt: skip
 
 
 def kernel_table(k: pd.DataFrame) -> list[dict[str, Any]]:
