@@ -158,12 +158,15 @@ def refine(offsets: list[int], ops: pd.DataFrame, group: np.ndarray) -> tuple[li
         return offsets, 0, 0
     out = list(offsets)
     multi = np.zeros(len(group), dtype=bool)
+    key = group[keep]
     for _ in range(2):
         table = np.asarray(out, dtype=np.int64)
         a_end = end + table[export]
-        frame = pd.DataFrame({"g": group[keep], "export": export[keep], "a_end": a_end[keep]})
-        median = frame.groupby("g")["a_end"].transform("median").to_numpy()
-        spread = frame.groupby("g")["export"].transform("nunique").to_numpy() > 1
+        frame = pd.DataFrame({"export": export[keep], "a_end": a_end[keep]})
+        by = frame.groupby(key)
+        median = by["a_end"].transform("median").to_numpy()
+        # more than one export: nunique's hashing cost seconds over 10M operations, min and max do not
+        spread = by["export"].transform("min").to_numpy() != by["export"].transform("max").to_numpy()
         resid = frame["a_end"].to_numpy() - median
         multi = np.zeros(len(group), dtype=bool)
         multi[np.flatnonzero(keep)[spread]] = True
@@ -173,8 +176,8 @@ def refine(offsets: list[int], ops: pd.DataFrame, group: np.ndarray) -> tuple[li
                 out[int(e)] -= round(float(s))  # type: ignore[call-overload]
     table = np.asarray(out, dtype=np.int64)
     a_end = end + table[export]
-    frame = pd.DataFrame({"g": group[keep], "a_end": a_end[keep]})
-    resid = np.abs(frame["a_end"].to_numpy() - frame.groupby("g")["a_end"].transform("median").to_numpy())
+    ends = pd.Series(a_end[keep])
+    resid = np.abs(ends.to_numpy() - ends.groupby(key).transform("median").to_numpy())
     use = multi[keep] if multi[keep].any() else np.ones(len(resid), dtype=bool)
     uncertainty = int(np.percentile(resid[use], 90)) if use.any() else 0
     spanning = int(pd.Series(group[multi]).nunique()) if multi.any() else 0

@@ -37,9 +37,10 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
+from nsysan.arrays import rows_by
 from nsysan.attribution.host import IDLE_CAUSES
 from nsysan.attribution.job import JobAttribution
-from nsysan.detect.common import SeverityParams, share_text
+from nsysan.detect.common import SeverityParams, as_int, share_text
 from nsysan.detect.registry import JobFacts, param, register
 from nsysan.findings import Cause, Edit, Finding, Severity
 from nsysan.ingest.trace import Trace
@@ -125,8 +126,14 @@ def stretches(att: JobAttribution) -> pd.DataFrame:
     nodes = att.graph.nodes if att.graph is not None else None
     gaps = att.gaps
     host_caused = gaps["cause"].isin([IDLE_CAUSES.index(x) for x in HOST_CAUSES]).to_numpy() if len(gaps) else None
-    for rank, w in att.windows.groupby("rank"):
-        mine = np.flatnonzero(rank_of == rank)
+    # each rank's rows, found once: a pass over every row per rank is quadratic in ranks
+    comm_rows = rows_by(rank_of)
+    node_rows = rows_by(nodes["rank"].to_numpy()) if nodes is not None else {}
+    gap_rows = rows_by(gaps["rank"].to_numpy()) if host_caused is not None else {}
+    none = np.empty(0, dtype=np.int64)
+    for value, w in att.windows.groupby("rank"):
+        rank = as_int(value)
+        mine = comm_rows.get(rank, none)
         if not len(mine):
             continue
         w = w.sort_values("a_start")
@@ -145,7 +152,7 @@ def stretches(att: JobAttribution) -> pd.DataFrame:
         start = ws[at[np.argsort(arrive[rows], kind="stable")]]
         begin[order] = np.where(same_step, np.clip(prev_end, start, arrive[order]), start)
         if nodes is not None:  # work of the rank's graph segments that ended before the arrival
-            own = np.flatnonzero(nodes["rank"].to_numpy() == rank)
+            own = node_rows.get(rank, none)
             order = own[np.argsort(times[own], kind="stable")]
             t = times[order]
             for metric, column in (("compute", "compute_ns"), ("copy", "copy_ns")):
@@ -154,17 +161,21 @@ def stretches(att: JobAttribution) -> pd.DataFrame:
                 since = cum[np.searchsorted(t, begin[rows], side="right")]
                 out.loc[rows, metric] = upto - since
         if host_caused is not None:
-            host = (gaps["rank"].to_numpy() == rank) & host_caused
-            if host.any():
+            host = gap_rows.get(rank, none)
+            host = host[host_caused[host]]
+            if len(host):
                 off = np.asarray(att.clock.offsets, dtype=np.int64)[gaps["export"].to_numpy(dtype=np.int64)[host]]
                 lo, hi = union_arrays(gaps["start_ns"].to_numpy()[host] + off, gaps["end_ns"].to_numpy()[host] + off)
                 out.loc[rows, "idle"] = covered_arrays(begin[rows], arrive[rows], lo, hi)
     step_start = np.full(n, -1, dtype=np.int64)
-    for rank, w in att.windows.groupby("rank"):
-        mine = np.flatnonzero((rank_of == rank) & (out["step"].to_numpy() >= 0))
+    placed = out["step"].to_numpy() >= 0
+    for value, w in att.windows.groupby("rank"):
+        rank = as_int(value)
+        mine = comm_rows.get(rank, none)
+        mine = mine[placed[mine]]
         lookup = pd.Series(w["a_start"].to_numpy(), index=w["step"].to_numpy())
         step_start[mine] = lookup.reindex(out["step"].to_numpy()[mine]).to_numpy()
-    out["start"] = np.maximum(step_start - _others_mean(att, step_start.astype(np.float64)), 0.0)
+    out["start"] = np.maximum(step_start - _others_mean(att, {"start": step_start.astype(np.float64)})["start"], 0.0)
     out.loc[step_start < 0, "start"] = 0.0
     order = np.lexsort((arrive, out["step"].to_numpy(), rank_of))
     slot = np.empty(n, dtype=np.int64)
@@ -177,38 +188,50 @@ def stretches(att: JobAttribution) -> pd.DataFrame:
     return out
 
 
-def _others_mean(att: JobAttribution, x: np.ndarray) -> np.ndarray:
-    """Per operation, the mean of ``x`` over its operation's other participants (its collective's
-    members, or its send/recv partners); NaN where it has none or ``x`` is NaN for all of them."""
+def _others_mean(att: JobAttribution, xs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per operation and column of ``xs``, the mean over its operation's other participants (its
+    collective's members, or its send/recv partners); NaN where it has none or the column is NaN
+    for all of them. The columns share one grouping key, made once; each is grouped on its own."""
     c = att.comm
-    out = np.full(len(x), np.nan)
+    out = {m: np.full(len(x), np.nan) for m, x in xs.items()}
     group = c["group"].to_numpy()
-    coll = (group >= 0) & ~np.isnan(x)
+    coll = group >= 0
     if coll.any():
-        frame = pd.DataFrame({"g": group[coll], "x": x[coll]})
-        total = frame.groupby("g")["x"].transform("sum").to_numpy()
-        size = frame.groupby("g")["x"].transform("size").to_numpy()
-        out[np.flatnonzero(coll)] = np.where(
-            size > 1, (total - frame["x"].to_numpy()) / np.maximum(size - 1, 1), np.nan
-        )
+        codes = np.asarray(group[coll], dtype=np.int64)
+        groups = int(codes.max()) + 1
+        at = np.flatnonzero(coll)
+        for m, x in xs.items():
+            v = pd.Series(x[coll])
+            ok = ~np.isnan(v.to_numpy())
+            total = v.groupby(codes).transform("sum").to_numpy()  # NaN rows in neither
+            size = np.bincount(codes, weights=ok, minlength=groups).astype(np.int64)[codes]
+            mean = np.where(size > 1, (total - v.to_numpy()) / np.maximum(size - 1, 1), np.nan)
+            out[m][at[ok]] = mean[ok]
     if att.participants is not None and len(att.participants.edges):
         e = att.participants.partners()
         i, j = e["i"].to_numpy(), e["j"].to_numpy()
-        ok = ~np.isnan(x[j]) & (group[i] < 0)
-        if ok.any():
-            m = pd.Series(x[j][ok]).groupby(i[ok]).mean()
-            out[m.index.to_numpy()] = m.to_numpy()
+        for m, x in xs.items():
+            ok = ~np.isnan(x[j]) & (group[i] < 0)
+            if ok.any():
+                mean_of = pd.Series(x[j][ok]).groupby(i[ok]).mean()
+                out[m][mean_of.index.to_numpy()] = mean_of.to_numpy()
     return out
 
 
-def _robust(values: np.ndarray, keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _robust(values: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per value, the median and robust standard deviation (1.4826 x the median absolute deviation)
-    of the values sharing its ``keys``."""
-    frame = pd.DataFrame({**{f"k{i}": k for i, k in enumerate(keys)}, "x": values})
-    by = [f"k{i}" for i in range(len(keys))]
-    center = frame.groupby(by)["x"].transform("median").to_numpy()
-    spread = 1.4826 * frame.assign(d=(frame["x"] - center).abs()).groupby(by)["d"].transform("median").to_numpy()
+    of the values sharing its group number in ``key`` (:func:`_groups`)."""
+    center = pd.Series(values).groupby(key).transform("median").to_numpy()
+    spread = 1.4826 * pd.Series(np.abs(values - center)).groupby(key).transform("median").to_numpy()
     return center, spread
+
+
+def _groups(keys: list[np.ndarray]) -> np.ndarray:
+    """The groups of rows sharing ``keys`` as one group number per row, found once for every
+    metric: grouping by one array of numbers costs half of grouping by several columns."""
+    ids: np.ndarray = pd.DataFrame({f"k{i}": k for i, k in enumerate(keys)}).groupby(
+        [f"k{i}" for i in range(len(keys))]).ngroup().to_numpy()  # fmt: skip
+    return ids
 
 
 def _excess(att: JobAttribution, s: pd.DataFrame) -> pd.DataFrame:
@@ -224,24 +247,26 @@ def _excess(att: JobAttribution, s: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=s.index)
     placed = s["step"].to_numpy() >= 0
     group = c["group"].to_numpy()
-    others = {m: _others_mean(att, np.where(placed, s[m].to_numpy(dtype=np.float64), np.nan)) for m in METRICS}
+    xs = {m: np.where(placed, s[m].to_numpy(dtype=np.float64), np.nan) for m in METRICS}
+    others = _others_mean(att, xs)
     rank, slot = c["rank"].to_numpy(), s["slot"].to_numpy()
     collective = ~c["p2p"].to_numpy(dtype=bool) & (group >= 0) & placed
+    own = placed & ~collective
+    by_place = _groups([np.where(collective, slot, -1)]) if collective.any() else None
+    by_rank_place = _groups([rank, slot]) if own.any() else None
     for m in METRICS:
-        x = np.where(placed, s[m].to_numpy(dtype=np.float64), np.nan)
+        x = xs[m]
         excess = np.zeros(len(x))
-        if collective.any():
-            diff = np.where(collective, x - others[m], np.nan)
-            center, spread = _robust(diff, [np.where(collective, slot, -1)])
+        if by_place is not None:
+            diff = np.where(collective, x - others.pop(m), np.nan)
+            center, spread = _robust(diff, by_place)
             hit = collective & (diff - center > _SPREAD * spread) & (diff > 0)
             excess[hit] = diff[hit]
-        own = placed & ~collective
-        if own.any():
+        if by_rank_place is not None:
             # the faster half of the rank's steps at this place: what it does when nothing delays it
-            q = pd.DataFrame({"r": rank, "s": slot, "x": np.where(own, x, np.nan)})
-            median = q.groupby(["r", "s"])["x"].transform("median").to_numpy()
-            fast = np.where(q["x"].to_numpy() <= median, q["x"].to_numpy(), np.nan)
-            center, spread = _robust(fast, [rank, slot])
+            q = np.where(own, x, np.nan)
+            median = pd.Series(q).groupby(by_rank_place).transform("median").to_numpy()
+            center, spread = _robust(np.where(q <= median, q, np.nan), by_rank_place)
             hit = own & (x - center > _SPREAD * np.nan_to_num(spread)) & (x > center)
             excess[hit] = (x - center)[hit]
         out[m] = np.nan_to_num(np.minimum(excess, np.maximum(np.nan_to_num(x), 0.0)))
