@@ -74,6 +74,8 @@ class JobAttribution:
     _host_links: tuple[np.ndarray, pd.Series] | None = field(default=None, repr=False, compare=False)
     _comm_of_rank: dict[int, np.ndarray] | None = field(default=None, repr=False, compare=False)
     _node_of_comm: dict[str, pd.Series] = field(default_factory=dict, repr=False, compare=False)
+    _rows_of_group: dict[int, np.ndarray] | None = field(default=None, repr=False, compare=False)
+    _nodes_by_time: dict[int, tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def wall_ns(self) -> int:
@@ -206,6 +208,27 @@ class JobAttribution:
         if self._comm_of_rank is None:
             self._comm_of_rank = rows_by(self.comm["rank"].to_numpy()) if len(self.comm) else {}
         return self._comm_of_rank.get(rank, np.empty(0, dtype=np.int64))
+
+    def group_rows(self, group: int) -> np.ndarray:
+        """Rows of ``comm`` in collective ``group``, ascending, indexed once (findings ask per operation)."""
+        if self._rows_of_group is None:
+            self._rows_of_group = (
+                rows_by(self.comm["group"].to_numpy()) if len(self.comm) and "group" in self.comm else {}
+            )
+        return self._rows_of_group.get(group, np.empty(0, dtype=np.int64))
+
+    def rank_nodes_by_time(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """``rank``'s graph nodes sorted by their job-clock time, and those times: a window of
+        them is two binary searches (each late-rank finding asks for several windows)."""
+        if self._nodes_by_time is None:
+            self._nodes_by_time = {}
+            if self.graph is not None:
+                times = self.graph.job_times()
+                for r, ids in rows_by(self.graph.nodes["rank"].to_numpy()).items():
+                    order = ids[np.argsort(times[ids], kind="stable")]
+                    self._nodes_by_time[r] = (order, times[order])
+        none = np.empty(0, dtype=np.int64)
+        return self._nodes_by_time.get(rank, (none, none.astype(np.float64)))
 
     def comm_nodes(self, ops: np.ndarray, kind: str) -> np.ndarray:
         """The graph nodes (``kind`` "arrival" or "end") of NCCL operations ``ops`` (-1: none)."""

@@ -89,14 +89,14 @@ def _waiters(c: pd.DataFrame) -> pd.DataFrame:
 
 def _participants_of(att: JobAttribution, op: int) -> np.ndarray:
     """Rows of ``att.comm`` taking part in ``op``'s operation with it (itself excluded)."""
-    c = att.comm
-    g = int(c["group"].to_numpy()[op])
+    g = int(att.comm["group"].to_numpy()[op])
     if g >= 0:
-        mates = np.flatnonzero(c["group"].to_numpy() == g)
+        mates = att.group_rows(g)
     else:
         assert att.participants is not None
-        e = att.participants.partners()
-        mates = e["j"].to_numpy()[e["i"].to_numpy() == op]
+        e = att.participants.partners()  # sorted by i
+        i = e["i"].to_numpy()
+        mates = e["j"].to_numpy()[np.searchsorted(i, op, side="left") : np.searchsorted(i, op, side="right")]
     out: np.ndarray = mates[mates != op]
     return out
 
@@ -326,14 +326,14 @@ def late_arrivals(att: JobAttribution, s: pd.DataFrame, p: Params) -> pd.DataFra
 
 
 def _nodes_within(att: JobAttribution, rank: int, step: int, begin: int, arrive: int) -> np.ndarray:
-    """The rank's graph nodes of the step that ended within (``begin``, ``arrive``] (job clock)."""
+    """The rank's graph nodes of the step that ended within (``begin``, ``arrive``] (job clock), ascending."""
     if att.graph is None:
         return np.empty(0, dtype=np.int64)
-    n = att.graph.nodes
-    times = att.graph.job_times()
     del step  # by time: a rank with many steps has segments that span several
-    return np.flatnonzero((n["rank"].to_numpy() == rank) & (times <= arrive) & (times > begin)
-                          & (n["compute_ns"].to_numpy() > 0))  # fmt: skip
+    ids, times = att.rank_nodes_by_time(rank)
+    window = ids[np.searchsorted(times, begin, side="right") : np.searchsorted(times, arrive, side="right")]
+    out: np.ndarray = np.sort(window[att.graph.nodes["compute_ns"].to_numpy()[window] > 0])
+    return out
 
 
 def _finding(att: JobAttribution, c: pd.DataFrame, s: pd.DataFrame, ep: pd.DataFrame, rank: int,
@@ -344,7 +344,7 @@ def _finding(att: JobAttribution, c: pd.DataFrame, s: pd.DataFrame, ep: pd.DataF
     export = int(c["export"].to_numpy()[op])
     off = int(att.clock.offsets[export]) if export < len(att.clock.offsets) else 0
     lateness = int(worst["lateness_ns"])
-    kernel = str(c["short_name"].to_numpy()[op])
+    kernel = str(c["short_name"].iat[op])  # one value: to_numpy() would convert every name
     rank_of = c["rank"].to_numpy()
     # the cause: the root's excess compute before each of its late arrivals, removed
     scale: dict[int, float] = {}
@@ -368,13 +368,13 @@ def _finding(att: JobAttribution, c: pd.DataFrame, s: pd.DataFrame, ep: pd.DataF
     for _, r in direct.head(_EVIDENCE_OPS).iterrows():
         mates = np.append(_participants_of(att, int(r["op"])), int(r["op"]))
         ops.append({
-            "kernel": str(c["short_name"].to_numpy()[int(r["op"])]),
+            "kernel": str(c["short_name"].iat[int(r["op"])]),
             "correlation_id": int(c["correlation_id"].to_numpy()[int(r["op"])]),
             "late_by_ns": int(r["lateness_ns"]),
             "participants": sorted(int(x) for x in rank_of[mates]),
             "waited_ns": {str(int(rank_of[m])): int(c["waited_ns"].to_numpy()[m]) for m in mates if rank_of[m] != rank},
         })  # fmt: skip
-    cascade = [{"rank": int(r["rank"]), "kernel": str(c["short_name"].to_numpy()[int(r["op"])]),
+    cascade = [{"rank": int(r["rank"]), "kernel": str(c["short_name"].iat[int(r["op"])]),
                 "late_by_ns": int(r["lateness_ns"])} for _, r in ep[ep["rank"] != rank].head(_EVIDENCE_OPS).iterrows()]  # fmt: skip
     waited = 0
     for o in ops:
