@@ -122,23 +122,39 @@ def _pair(x: np.ndarray, y: np.ndarray) -> tuple[float, int] | None:
     at = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(lo, n)
     d = y[at] - x[which]
     bins = np.round(d / BIN_NS).astype(np.int64)
-    values, counts = np.unique(bins, return_counts=True)
+    # the differences sorted twice, by bin and by value: each candidate below is then two binary
+    # searches, not two passes over every difference (a 1,024-rank job pairs a thousand exports)
+    by_bin = np.argsort(bins, kind="stable")
+    sorted_bins = bins[by_bin]
+    first = np.flatnonzero(np.concatenate([[True], sorted_bins[1:] != sorted_bins[:-1]]))
+    values, counts = sorted_bins[first], np.diff(np.append(first, len(bins)))
+    by_d = np.argsort(d, kind="stable")
+    sorted_d = d[by_d]
+
+    def within(center: float) -> np.ndarray:  # the differences within TIGHT_NS of ``center``
+        lo_, hi_ = (
+            np.searchsorted(sorted_d, center - TIGHT_NS, "left"),
+            np.searchsorted(sorted_d, center + TIGHT_NS, "right"),
+        )
+        out: np.ndarray = by_d[lo_:hi_]
+        return out
+
     # the busiest bins (a bin and its neighbours), each judged by the ends of ``x`` within ``TIGHT_NS``
     # of its median: a partner's ends agree to a few us, the program's rhythm only to tens
     near = counts + _count_at(values, counts, values - 1) + _count_at(values, counts, values + 1)
     busy = values[np.argsort(-near, kind="stable")[:_CANDIDATES]]
     centers, held = [], []
     for b in busy:
-        center = float(np.median(d[np.abs(bins - b) <= 1]))
+        rows = by_bin[np.searchsorted(sorted_bins, b - 1, "left") : np.searchsorted(sorted_bins, b + 1, "right")]
+        center = float(np.median(d[rows]))
         centers.append(center)
-        held.append(len(distinct(which[np.abs(d - center) <= TIGHT_NS])))
+        held.append(len(distinct(which[within(center)])))
     top = max(held, default=0)
     strong = [i for i, h in enumerate(held) if h >= max(MIN_MATCHES, top - max(1, int(0.02 * top)))]
     if not strong:
         return None
     pick = min(strong, key=lambda i: abs(centers[i]))
-    close = np.abs(d - centers[pick]) <= TIGHT_NS
-    return held[pick] / len(x), int(np.median(d[close]))
+    return held[pick] / len(x), int(np.median(d[within(centers[pick])]))
 
 
 def _count_at(values: np.ndarray, counts: np.ndarray, wanted: np.ndarray) -> np.ndarray:
