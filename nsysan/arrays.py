@@ -19,8 +19,9 @@ def distinct(values: np.ndarray) -> np.ndarray:
 
 
 def rows_by(keys: np.ndarray) -> dict[int, np.ndarray]:
-    """Per distinct key, the positions holding it, ascending: one stable sort, where a loop over
-    keys comparing every row would be quadratic (1,024 ranks x 10M NCCL operations)."""
+    """Per distinct integer key, the positions holding it, ascending: one stable sort, where a loop
+    over keys comparing every row would be quadratic (1,024 ranks x 10M NCCL operations). Integer
+    keys only: a NaN would not equal itself (ranks and group numbers are int64 here)."""
     keys = np.asarray(keys)
     if not len(keys):
         return {}

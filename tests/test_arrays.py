@@ -31,3 +31,14 @@ def test_concat_frames_of_plain_numeric_parts_equals_the_column_at_a_time_join()
     # a part whose column differs in dtype goes the column-at-a-time way, and keeps every value
     mixed = [parts[0], parts[2].astype({"ns": "float64"})]
     assert concat_frames(mixed)["ns"].tolist() == [*parts[0]["ns"].astype(float), *parts[2]["ns"].astype(float)]
+
+
+def test_concat_frames_types_text_columns_as_a_single_part_s_read_would():
+    """Text in object columns (a process's name, None where the export has none) goes the column-wise
+    way: pandas' text dtype, as every other join of exports gives it, not the numeric fast path."""
+    parts = [pd.DataFrame({"pid": [1, 2], "name": ["python", None]}).astype({"name": object}),
+             pd.DataFrame({"pid": [3], "name": ["torchrun"]}).astype({"name": object})]  # fmt: skip
+    assert all(p["name"].dtype == object for p in parts)  # as the readers leave Kind.OBJECT columns
+    joined = concat_frames(parts)
+    assert joined["name"].dtype != object and pd.api.types.is_string_dtype(joined["name"])
+    assert joined["name"].isna().tolist() == [False, True, False]

@@ -109,9 +109,13 @@ class JobAttribution:
         found = [r for r in (self._gap_index.get((rank, c)) for c in causes) if r is not None]
         at = found[0] if len(found) == 1 else np.sort(np.concatenate(found)) if found else np.empty(0, int)
         step = self.gaps["step"].to_numpy()[at]
-        wanted = np.zeros(int(max(step.max(initial=-1), np.max(steps, initial=-1))) + 2, dtype=bool)
-        wanted[np.asarray(steps, dtype=np.int64)] = True  # step numbers are >= 0, or -1 (the last slot)
-        picked: pd.DataFrame = self.gaps.iloc[at[wanted[step]]]
+        if step.dtype.kind != "i" or step.min(initial=0) < -1 or np.min(steps, initial=0) < -1:
+            keep = np.isin(step, steps)  # not step numbers as the breakdown writes them
+        else:
+            wanted = np.zeros(int(max(step.max(initial=-1), np.max(steps, initial=-1))) + 2, dtype=bool)
+            wanted[np.asarray(steps, dtype=np.int64)] = True  # step numbers are >= 0, or -1 (the last slot)
+            keep = wanted[step]
+        picked: pd.DataFrame = self.gaps.iloc[at[keep]]
         return picked
 
     def host_catch_up(self, rank: int, steps: np.ndarray, causes: list[int]) -> tuple[Edit, ...]:

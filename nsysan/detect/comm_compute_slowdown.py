@@ -403,7 +403,8 @@ def _clock_factors(k: pd.DataFrame, p: Params, expected: pd.Series) -> pd.Series
 def _lookup(values: pd.Series, keys: np.ndarray) -> np.ndarray:
     """``values`` (indexed by non-negative ints: positions, steps) at ``keys`` as float64, NaN
     where it has none: ``Series.map`` through a dense array, a million keys in one take."""
-    if len(keys) and keys.min() < 0:  # not a position or a step number: mapped the general way
+    if keys.dtype.kind != "i" or (len(keys) and keys.min() < 0) or (len(values) and values.index.min() < 0):
+        # not positions or step numbers: mapped the general way
         mapped: np.ndarray = pd.Series(keys).map(values).to_numpy(dtype=np.float64)
         return mapped
     top = int(max(values.index.max() if len(values) else -1, keys.max() if len(keys) else -1)) + 1

@@ -784,9 +784,12 @@ def concat_frames(parts: list[pd.DataFrame]) -> pd.DataFrame:
     columns = list(non_empty[0].columns)
     dtypes = [p.dtypes for p in non_empty]
     if all(list(d.index) == columns for d in dtypes):
-        if all(isinstance(t, np.dtype) for t in dtypes[0]) and all(d.equals(dtypes[0]) for d in dtypes[1:]):
-            # plain numpy columns of one dtype each: pandas joins the parts' blocks whole (1,024
-            # exports' small breakdown tables: 0.03 s against 0.8 s a column at a time)
+        if all(isinstance(t, np.dtype) and t.kind in "biuf" for t in dtypes[0]) and all(
+            d.equals(dtypes[0]) for d in dtypes[1:]
+        ):
+            # numbers and flags, one numpy dtype per column: pandas joins the parts' blocks whole
+            # (1,024 exports' small breakdown tables: 0.03 s against 0.8 s a column at a time);
+            # object columns go the column-wise way, which types text as every other read does
             return pd.concat(non_empty, ignore_index=True)
         return _concat_columns(non_empty, columns, dtypes)
     cat_cols = [c for c in columns if any(isinstance(p[c].dtype, pd.CategoricalDtype) for p in non_empty)]
