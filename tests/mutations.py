@@ -125,7 +125,7 @@ MUTANTS: tuple[Mutant, ...] = (
            'seen = seen[seen["count"] >= 2]', 'seen = seen[seen["count"] >= 1]', SHARED_STREAM),
     Mutant("shared stream: a named communicator taken for a doubt", "nsysan/detect/shared_nccl_stream.py",
            "if mine is None or not unnamed[i]:", "if mine is None:", SHARED_STREAM),
-    Mutant("shared stream: doubtful waits queued one behind the other summed", "nsysan/detect/shared_nccl_stream.py",
+    Mutant("shared stream: doubtful waits queued one behind the other summed", "nsysan/detect/common.py",
            'merged = merge(waits, ["rank", "stream"])', "merged = waits", SHARED_STREAM),
     Mutant("shared stream: the wait before A started counted as A's", "nsysan/detect/shared_nccl_stream.py",
            "free_at = np.fmax(free_at, a_start[ab])", "free_at = free_at + 0 * a_start[ab]", SHARED_STREAM),
